@@ -1,0 +1,95 @@
+"""Scaled dot-product and multi-head attention (Vaswani et al., 2017, sec. 3.2).
+
+Dims: B batch, H heads, Tq query length, Tk key length, C model width,
+D head width (C = H * D).
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def scaled_dot_product_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    dropout: nn.Module | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(Q K^T / sqrt(D)) V, eq. 1 of the paper.
+
+    q (B, H, Tq, D), k and v (B, H, Tk, D); mask broadcastable to
+    (B, H, Tq, Tk), True = may attend. Returns the output (B, H, Tq, D) and the
+    weights (B, H, Tq, Tk) before dropout. Masked keys get exactly zero weight;
+    a row with no allowed key gets all-zero weights (and a zero output), not NaN.
+    """
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, Tq, Tk)
+    if mask is not None:
+        # The most negative finite value rather than -inf: a fully masked row
+        # then softmaxes to a uniform row (zeroed below) instead of NaN.
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    # Softmax in float32 so that low-precision autocast stays numerically safe.
+    weights = F.softmax(scores.float(), dim=-1).to(q.dtype)  # (B, H, Tq, Tk)
+    if mask is not None:
+        weights = weights.masked_fill(~mask, 0.0)
+    attended = weights if dropout is None else dropout(weights)
+    return attended @ v, weights  # (B, H, Tq, D), (B, H, Tq, Tk)
+
+
+class MultiHeadAttention(nn.Module):
+    """Project to H heads, attend in each, merge and project back (sec. 3.2.2).
+
+    With ``fused_qkv`` the three input projections are one (3C, C) matrix: self
+    attention then needs a single matmul; cross attention uses its query rows
+    on the decoder states and its key/value rows on the encoder output.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, fused_qkv: bool = True):
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError(f"d_model {d_model} is not divisible by n_heads {n_heads}")
+        self.n_heads = n_heads
+        self.fused_qkv = fused_qkv
+        if fused_qkv:
+            self.qkv_proj = nn.Linear(d_model, 3 * d_model)
+        else:
+            self.q_proj = nn.Linear(d_model, d_model)
+            self.k_proj = nn.Linear(d_model, d_model)
+            self.v_proj = nn.Linear(d_model, d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def _project(self, x: torch.Tensor, memory: torch.Tensor | None):
+        """Queries from x; keys and values from memory (cross) or x (self)."""
+        if not self.fused_qkv:
+            kv = x if memory is None else memory
+            return self.q_proj(x), self.k_proj(kv), self.v_proj(kv)
+        if memory is None:
+            return self.qkv_proj(x).chunk(3, dim=-1)
+        C = x.size(-1)
+        w, b = self.qkv_proj.weight, self.qkv_proj.bias
+        q = F.linear(x, w[:C], b[:C])
+        k, v = F.linear(memory, w[C:], b[C:]).chunk(2, dim=-1)
+        return q, k, v
+
+    def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        return x.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)  # (B, H, T, D)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        memory: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (B, Tq, C); memory (B, Tk, C) for cross attention, None for self.
+
+        Returns the output (B, Tq, C) and the weights (B, H, Tq, Tk).
+        """
+        B, Tq, C = x.shape
+        q, k, v = (self._split_heads(t) for t in self._project(x, memory))  # (B, H, T*, D)
+        out, weights = scaled_dot_product_attention(q, k, v, mask, self.dropout)  # (B, H, Tq, D)
+        out = out.transpose(1, 2).reshape(B, Tq, C)  # (B, Tq, C)
+        return self.out_proj(out), weights

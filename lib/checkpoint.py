@@ -1,0 +1,64 @@
+"""Atomic writes and the one helper that loads checkpoints and models (weights only)."""
+
+import os
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+
+@contextmanager
+def atomic_path(path: str | Path):
+    """Yield a temporary path beside ``path``; move it into place only on success.
+
+    A crash or an error while writing leaves the previous file untouched and
+    no partial file behind.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def save(obj: dict, path: str | Path):
+    with atomic_path(path) as tmp:
+        torch.save(obj, tmp)
+
+
+def load(path: str | Path, map_location="cpu") -> dict:
+    """Load a checkpoint or model file saved by ``save``, tensors and plain data only."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: not found (run the train stage first)")
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except (RuntimeError, EOFError, OSError, ValueError) as err:
+        raise ValueError(f"{path}: not a readable checkpoint ({err})") from err
+
+
+def save_model(model, kind: str, vocab_size: int, extra: dict, path: str | Path):
+    """A self-describing model file: weights plus what is needed to rebuild them."""
+    from dataclasses import asdict
+
+    save({"model": model.state_dict(), "model_config": asdict(model.cfg), "kind": kind,
+          "vocab_size": vocab_size, **extra}, path)
+
+
+def load_model(path: str | Path, device="cpu"):
+    """Rebuild a model saved by ``save_model``; returns (model in eval mode, the file's dict)."""
+    from lib.config import ModelConfig, from_dict
+    from lib.model import build_model
+
+    state = load(path, map_location=device)
+    cfg = from_dict(ModelConfig, state["model_config"], f"{path}: model_config")
+    V = state["vocab_size"]
+    model = build_model(cfg, state["kind"], V, V, joint_vocab=True)
+    model.load_state_dict(state["model"])
+    return model.to(device).eval(), state

@@ -1,0 +1,25 @@
+"""What every stage script shares: parse the task and the paths dvc.yaml gives,
+load and validate the stage's params, and turn a known failure into one line."""
+
+import argparse
+import logging
+import sys
+
+from lib.config import ConfigError, load_params, stage_config
+
+
+def stage_main(stage: str, paths: list[str], run, argv: list[str] | None = None):
+    """Call ``run(task, cfg, args)``; ``paths`` are the required --options naming files."""
+    parser = argparse.ArgumentParser(prog=f"python -m stages.{stage}", description=f"The {stage} stage.")
+    parser.add_argument("task", help="a task listed in params.yaml: tasks")
+    for name in paths:
+        parser.add_argument(f"--{name}", required=True, help="path (dvc.yaml passes it)")
+    parser.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = stage_config(load_params(args.params), args.task, stage)
+        run(args.task, cfg, args)
+    except (ConfigError, FileNotFoundError, ValueError) as err:
+        print(f"{stage}@{args.task}: error: {err}", file=sys.stderr)
+        sys.exit(2)

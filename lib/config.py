@@ -1,0 +1,189 @@
+"""Typed, frozen configuration built from params.yaml; all validation lives here.
+
+params.yaml holds ``tasks`` (the tasks to build) and one section per task with
+one sub-section per stage: ``<task>.prepare``, ``.tokenize``, ``.train`` (with
+its ``model``), ``.evaluate`` and ``.report``. Each sub-section becomes one
+frozen dataclass below (``prepare`` is task-specific and lives beside its
+task). A misspelt, missing or ill-typed key, or an invalid value, raises
+ConfigError naming the dotted key before any work starts.
+"""
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A params.yaml problem; the message names the dotted key at fault."""
+
+
+def _check_type(value, kind, key: str):
+    """Return value as type kind, or raise ConfigError naming key."""
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if kind in (int, float) and isinstance(value, bool) or not isinstance(value, kind):
+        raise ConfigError(f"{key}: expected {kind.__name__}, got {value!r}")
+    return value
+
+
+def from_dict(cls, raw, key: str):
+    """Build dataclass ``cls`` from the mapping ``raw`` found at dotted ``key``.
+
+    Nested dataclass fields are built recursively. Unknown and missing keys,
+    wrong types and values rejected by ``__post_init__`` raise ConfigError.
+    """
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{key}: expected a mapping, got {raw!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(raw) - set(names))
+    if unknown:
+        raise ConfigError(f"{key}.{unknown[0]}: unknown key (allowed: {', '.join(names)})")
+    missing = [n for n in names if n not in raw]
+    if missing:
+        raise ConfigError(f"{key}.{missing[0]}: missing key")
+    values = {}
+    for name in names:
+        kind, sub = hints[name], f"{key}.{name}"
+        if dataclasses.is_dataclass(kind):
+            values[name] = from_dict(kind, raw[name], sub)
+        elif isinstance(kind, types.GenericAlias):  # tuple[int, ...] and the like
+            items = raw[name]
+            if not isinstance(items, list):
+                raise ConfigError(f"{sub}: expected a list, got {items!r}")
+            values[name] = tuple(_check_type(v, kind.__args__[0], sub) for v in items)
+        else:
+            values[name] = _check_type(raw[name], kind, sub)
+    try:
+        return cls(**values)
+    except ConfigError as err:
+        raise ConfigError(f"{key}.{err}") from None
+
+
+def require(condition: bool, field: str, message: str):
+    """Validation step for __post_init__: from_dict prefixes the section's key."""
+    if not condition:
+        raise ConfigError(f"{field}: {message}")
+
+
+def choose(value: str, field: str, allowed: tuple[str, ...]):
+    require(value in allowed, field, f"{value!r} is not one of {', '.join(allowed)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    d_model: int  # width C of every residual stream
+    n_heads: int  # attention heads H; head width D = C / H
+    encoder_layers: int  # encoder depth (seq2seq only)
+    decoder_layers: int  # decoder depth (the LM's depth)
+    d_ff: int  # inner width of the position-wise feed-forward
+    dropout: float  # on residual branches, embeddings, attention weights and the feed-forward
+    norm_first: bool  # False: Post-LN as in the paper; True: Pre-LN plus a final LayerNorm
+    tie_embeddings: bool  # share target embedding and generator (and source embedding: one vocab)
+    fused_qkv: bool  # one (3C, C) input projection instead of three (C, C)
+    max_len: int  # longest sequence the positional encoding covers
+
+    def __post_init__(self):
+        for name in ("d_model", "n_heads", "d_ff", "max_len"):
+            require(getattr(self, name) > 0, name, "must be > 0")
+        require(self.encoder_layers >= 0, "encoder_layers", "must be >= 0")
+        require(self.decoder_layers > 0, "decoder_layers", "must be > 0")
+        require(
+            self.d_model % self.n_heads == 0,
+            "d_model",
+            f"{self.d_model} is not divisible by n_heads {self.n_heads}",
+        )
+        require(0.0 <= self.dropout < 1.0, "dropout", "must be in [0, 1)")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizeConfig:
+    kind: str  # "word": whitespace-separated words, each a token
+    min_frequency: int  # drop words seen fewer times in the training split
+
+    def __post_init__(self):
+        choose(self.kind, "kind", ("word",))
+        require(self.min_frequency >= 1, "min_frequency", "must be >= 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    seed: int  # seeds weights, dropout and batch order
+    device: str  # auto (CUDA when present), cpu or cuda
+    epochs: int  # passes over the training split
+    max_tokens: int  # token budget of a batch: sentences x longest padded side
+    lr_factor: float  # Noam factor
+    warmup: int  # Noam warmup steps: the learning rate peaks here
+    label_smoothing: float  # mass spread over the non-gold, non-pad vocabulary
+    clip_norm: float  # gradient-norm clipping threshold
+    checkpoint_every: int  # steps between resumable checkpoints
+    model: ModelConfig
+
+    def __post_init__(self):
+        choose(self.device, "device", ("auto", "cpu", "cuda"))
+        for name in ("epochs", "max_tokens", "warmup", "checkpoint_every"):
+            require(getattr(self, name) > 0, name, "must be > 0")
+        require(self.lr_factor > 0, "lr_factor", "must be > 0")
+        require(self.clip_norm > 0, "clip_norm", "must be > 0")
+        require(0.0 <= self.label_smoothing < 1.0, "label_smoothing", "must be in [0, 1)")
+
+
+@dataclasses.dataclass(frozen=True)
+class EvaluateConfig:
+    max_tokens: int  # token budget of a batch, for the loss and for decoding
+    max_extra_tokens: int  # a hypothesis has at most source length + this many tokens (eos included)
+    n_samples: int  # test predictions written to samples.tsv
+
+    def __post_init__(self):
+        require(self.max_tokens > 0, "max_tokens", "must be > 0")
+        require(self.max_extra_tokens >= 0, "max_extra_tokens", "must be >= 0")
+        require(self.n_samples > 0, "n_samples", "must be > 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class ReportConfig:
+    n_attention_examples: int  # test examples drawn as attention heatmaps
+
+    def __post_init__(self):
+        require(self.n_attention_examples > 0, "n_attention_examples", "must be > 0")
+
+
+STAGE_CONFIGS = {
+    "tokenize": TokenizeConfig,
+    "train": TrainConfig,
+    "evaluate": EvaluateConfig,
+    "report": ReportConfig,
+}
+
+
+def load_params(path: str | Path = "params.yaml") -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: params file not found")
+    with path.open() as f:
+        params = yaml.safe_load(f)
+    if not isinstance(params, dict):
+        raise ConfigError(f"{path}: expected a mapping of params")
+    return params
+
+
+def stage_config(params: dict, task: str, stage: str):
+    """The frozen config of ``stage`` for ``task``, validated."""
+    from lib.tasks import get_task  # tasks import config: import here, not at the top
+
+    get_task(task)  # an unknown task name fails first
+    tasks = params.get("tasks")
+    if not isinstance(tasks, list) or task not in tasks:
+        raise ConfigError(f"tasks: {task!r} is not listed in tasks ({tasks!r})")
+    section = params.get(task)
+    if not isinstance(section, dict) or stage not in section:
+        raise ConfigError(f"{task}.{stage}: missing section")
+    cls = get_task(task).PrepareConfig if stage == "prepare" else STAGE_CONFIGS[stage]
+    return from_dict(cls, section[stage], f"{task}.{stage}")

@@ -1,0 +1,215 @@
+"""The Transformer of Vaswani et al. (2017), fig. 1, and a decoder-only LM.
+
+Read top to bottom: positional encoding, feed-forward, the two layers, the
+stacks, then the two full models sharing those blocks, and ``build_model``.
+Dims: B batch, S source length, T target length, C model width, V vocabulary.
+"""
+
+import math
+
+import torch
+from torch import nn
+
+from lib.attention import MultiHeadAttention
+from lib.config import ModelConfig
+from lib.masks import causal_mask
+
+
+class SinusoidalPositionalEncoding(nn.Module):
+    """PE(pos, 2i) = sin(pos / 10000^(2i/C)), PE(pos, 2i+1) = cos(...), sec. 3.5."""
+
+    def __init__(self, d_model: int, max_len: int):
+        super().__init__()
+        position = torch.arange(max_len, dtype=torch.float32)[:, None]  # (L, 1)
+        inv_freq = torch.exp(torch.arange(0, d_model, 2) * (-math.log(10000.0) / d_model))
+        table = torch.zeros(max_len, d_model)
+        table[:, 0::2] = torch.sin(position * inv_freq)
+        table[:, 1::2] = torch.cos(position * inv_freq[: d_model // 2])
+        # Not a parameter and not saved: rebuilt from the config on load.
+        self.register_buffer("table", table, persistent=False)  # (L, C)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        if T > self.table.size(0):
+            raise ValueError(
+                f"sequence length {T} exceeds the positional encoding's max_len "
+                f"{self.table.size(0)} (model.max_len in params.yaml)"
+            )
+        return x + self.table[:T]  # (B, T, C)
+
+
+class FeedForward(nn.Module):
+    """FFN(x) = max(0, x W1 + b1) W2 + b2, applied at each position (sec. 3.3)."""
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float):
+        super().__init__()
+        self.linear1 = nn.Linear(d_model, d_ff)
+        self.linear2 = nn.Linear(d_ff, d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear2(self.dropout(torch.relu(self.linear1(x))))
+
+
+class EncoderLayer(nn.Module):
+    """Self attention then feed-forward, each a residual branch with LayerNorm.
+
+    Post-LN (the paper): x = norm(x + sublayer(x)). Pre-LN: x = x + sublayer(norm(x)).
+    With a causal mask this is also the decoder-only LM's block.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.norm_first = cfg.norm_first
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.fused_qkv)
+        self.feed_forward = FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout)
+        self.norm1 = nn.LayerNorm(cfg.d_model)
+        self.norm2 = nn.LayerNorm(cfg.d_model)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (B, S, C) -> (B, S, C) and the self-attention weights (B, H, S, S)."""
+        if self.norm_first:
+            h, weights = self.self_attn(self.norm1(x), mask=mask)
+            x = x + self.dropout(h)
+            x = x + self.dropout(self.feed_forward(self.norm2(x)))
+        else:
+            h, weights = self.self_attn(x, mask=mask)
+            x = self.norm1(x + self.dropout(h))
+            x = self.norm2(x + self.dropout(self.feed_forward(x)))
+        return x, weights
+
+
+class DecoderLayer(nn.Module):
+    """Masked self attention, cross attention over the encoder output, feed-forward."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.norm_first = cfg.norm_first
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.fused_qkv)
+        self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.fused_qkv)
+        self.feed_forward = FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout)
+        self.norm1 = nn.LayerNorm(cfg.d_model)
+        self.norm2 = nn.LayerNorm(cfg.d_model)
+        self.norm3 = nn.LayerNorm(cfg.d_model)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x, memory, tgt_mask, src_mask):
+        """x (B, T, C), memory (B, S, C) -> (B, T, C), self weights (B, H, T, T),
+        cross weights (B, H, T, S)."""
+        if self.norm_first:
+            h, self_weights = self.self_attn(self.norm1(x), mask=tgt_mask)
+            x = x + self.dropout(h)
+            h, cross_weights = self.cross_attn(self.norm2(x), memory, src_mask)
+            x = x + self.dropout(h)
+            x = x + self.dropout(self.feed_forward(self.norm3(x)))
+        else:
+            h, self_weights = self.self_attn(x, mask=tgt_mask)
+            x = self.norm1(x + self.dropout(h))
+            h, cross_weights = self.cross_attn(x, memory, src_mask)
+            x = self.norm2(x + self.dropout(h))
+            x = self.norm3(x + self.dropout(self.feed_forward(x)))
+        return x, self_weights, cross_weights
+
+
+class Embedding(nn.Module):
+    """Token embedding scaled by sqrt(C) (sec. 3.4), plus positions, plus dropout."""
+
+    def __init__(self, vocab_size: int, cfg: ModelConfig):
+        super().__init__()
+        self.tokens = nn.Embedding(vocab_size, cfg.d_model)
+        self.positions = SinusoidalPositionalEncoding(cfg.d_model, cfg.max_len)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.scale = math.sqrt(cfg.d_model)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.positions(self.tokens(ids) * self.scale))  # (B, T, C)
+
+
+def _xavier_init(module: nn.Module):
+    """Xavier-uniform for every matrix, as the Annotated Transformer does."""
+    for p in module.parameters():
+        if p.dim() > 1:
+            nn.init.xavier_uniform_(p)
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder: encode the source once, decode the target, project to V."""
+
+    def __init__(self, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, joint_vocab: bool):
+        super().__init__()
+        self.cfg = cfg
+        self.src_embed = Embedding(src_vocab_size, cfg)
+        self.tgt_embed = Embedding(tgt_vocab_size, cfg)
+        self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
+        self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
+        # Pre-LN leaves the residual stream unnormalised: one final norm per stack.
+        self.encoder_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
+        self.generator = nn.Linear(cfg.d_model, tgt_vocab_size)
+        _xavier_init(self)
+        if cfg.tie_embeddings:  # sec. 3.4: one matrix for embeddings and pre-softmax
+            self.generator.weight = self.tgt_embed.tokens.weight
+            if joint_vocab:
+                self.src_embed.tokens.weight = self.tgt_embed.tokens.weight
+
+    def encode(self, src, src_mask):
+        """src (B, S) ids -> memory (B, S, C) and per-layer weights [(B, H, S, S)]."""
+        x = self.src_embed(src)
+        weights = []
+        for layer in self.encoder_layers:
+            x, w = layer(x, src_mask)
+            weights.append(w)
+        return self.encoder_norm(x), weights
+
+    def decode(self, tgt, memory, tgt_mask, src_mask):
+        """tgt (B, T) ids -> hidden (B, T, C), per-layer [(self (B, H, T, T), cross (B, H, T, S))]."""
+        x = self.tgt_embed(tgt)
+        weights = []
+        for layer in self.decoder_layers:
+            x, self_w, cross_w = layer(x, memory, tgt_mask, src_mask)
+            weights.append((self_w, cross_w))
+        return self.decoder_norm(x), weights
+
+    def forward(self, src, tgt, src_mask, tgt_mask):
+        """Teacher-forced logits (B, T, V)."""
+        memory, _ = self.encode(src, src_mask)
+        hidden, _ = self.decode(tgt, memory, tgt_mask, src_mask)
+        return self.generator(hidden)
+
+
+class TransformerLM(nn.Module):
+    """Decoder-only language model: the encoder block under a causal mask."""
+
+    def __init__(self, cfg: ModelConfig, vocab_size: int):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = Embedding(vocab_size, cfg)
+        self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.decoder_layers))
+        self.norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
+        self.generator = nn.Linear(cfg.d_model, vocab_size)
+        _xavier_init(self)
+        if cfg.tie_embeddings:
+            self.generator.weight = self.embed.tokens.weight
+
+    def forward_with_attention(self, ids):
+        """ids (B, T) -> logits (B, T, V) and per-layer weights [(B, H, T, T)]."""
+        x = self.embed(ids)
+        mask = causal_mask(ids.size(1), ids.device)  # (1, 1, T, T)
+        weights = []
+        for layer in self.layers:
+            x, w = layer(x, mask)
+            weights.append(w)
+        return self.generator(self.norm(x)), weights
+
+    def forward(self, ids):
+        return self.forward_with_attention(ids)[0]
+
+
+def build_model(cfg: ModelConfig, kind: str, src_vocab_size: int, tgt_vocab_size: int, joint_vocab: bool):
+    """The model a task needs: ``kind`` is "seq2seq" or "lm" (which uses the target vocabulary)."""
+    if kind == "seq2seq":
+        return Transformer(cfg, src_vocab_size, tgt_vocab_size, joint_vocab)
+    if kind == "lm":
+        return TransformerLM(cfg, tgt_vocab_size)
+    raise ValueError(f"unknown model kind {kind!r}")

@@ -1,0 +1,85 @@
+"""Tokenizers trained and loaded through HF ``tokenizers``; special ids come from here.
+
+No other module knows a token id: pad/bos/eos/unk are read from the saved
+``tokenizer.json`` by name.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+from lib.checkpoint import atomic_path
+from lib.config import TokenizeConfig
+from lib.data import Pairs, read_split
+
+PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
+SPECIAL_TOKENS = [PAD, BOS, EOS, UNK]
+
+
+@dataclass(frozen=True)
+class SpecialIds:
+    pad: int
+    bos: int
+    eos: int
+    unk: int
+
+
+def train_tokenizer(cfg: TokenizeConfig, texts: Iterable[str]) -> Tokenizer:
+    """Learn a vocabulary from ``texts`` (the training split, never valid/test)."""
+    tokenizer = Tokenizer(models.WordLevel(unk_token=UNK))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    trainer = trainers.WordLevelTrainer(
+        min_frequency=cfg.min_frequency, special_tokens=SPECIAL_TOKENS, show_progress=False
+    )
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    return tokenizer
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: tokenizer not found (run the tokenize stage first)")
+    return Tokenizer.from_file(str(path))
+
+
+def special_ids(tokenizer: Tokenizer) -> SpecialIds:
+    ids = {name: tokenizer.token_to_id(token) for name, token in zip(("pad", "bos", "eos", "unk"), SPECIAL_TOKENS)}
+    missing = [SPECIAL_TOKENS[i] for i, v in enumerate(ids.values()) if v is None]
+    if missing:
+        raise ValueError(f"tokenizer lacks the special tokens {missing}")
+    return SpecialIds(**ids)
+
+
+def encode(tokenizer: Tokenizer, texts: list[str]) -> list[list[int]]:
+    """Token ids without specials; the data code adds bos/eos where it needs them."""
+    return [e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
+
+
+def encode_pairs(tokenizer: Tokenizer, frame) -> Pairs:
+    """A parallel split (columns src, tgt) as token ids."""
+    return Pairs(encode(tokenizer, frame["src"].tolist()), encode(tokenizer, frame["tgt"].tolist()))
+
+
+def decode(tokenizer: Tokenizer, ids: list[list[int]]) -> list[str]:
+    return tokenizer.decode_batch(ids, skip_special_tokens=True)
+
+
+def run(cfg: TokenizeConfig, data_dir: str | Path, out_path: str | Path) -> Tokenizer:
+    """The tokenize stage: learn from the training split, save ``tokenizer.json``.
+
+    A task may ship ``alphabet.txt`` in its data directory: symbols it can
+    produce that the training split may lack (cumsum's larger sums). They are
+    counted ``min_frequency`` times so that they always enter the vocabulary.
+    """
+    train = read_split(data_dir, "train")
+    texts = train["src"].tolist() + train["tgt"].tolist()
+    alphabet = Path(data_dir) / "alphabet.txt"
+    if alphabet.is_file():
+        texts += [alphabet.read_text().strip()] * cfg.min_frequency
+    tokenizer = train_tokenizer(cfg, texts)
+    special_ids(tokenizer)
+    with atomic_path(out_path) as tmp:
+        tokenizer.save(str(tmp))
+    return tokenizer

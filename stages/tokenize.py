@@ -1,0 +1,12 @@
+"""tokenize@<task>: learn the vocabulary from the training split, save tokenizer.json."""
+
+from lib.cli import stage_main
+from lib.tokenizer import run
+
+
+def main(argv=None):
+    stage_main("tokenize", ["data", "out"], lambda task, cfg, a: run(cfg, a.data, a.out), argv)
+
+
+if __name__ == "__main__":
+    main()
