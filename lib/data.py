@@ -79,10 +79,8 @@ def token_budget_batches(
 
 
 def _pad(seqs: list[list[int]], pad_id: int) -> torch.Tensor:
-    out = torch.full((len(seqs), max(len(s) for s in seqs)), pad_id, dtype=torch.long)
-    for row, seq in enumerate(seqs):
-        out[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
-    return out
+    width = max(len(s) for s in seqs)
+    return torch.tensor([s + [pad_id] * (width - len(s)) for s in seqs], dtype=torch.long)
 
 
 def collate(pairs: Pairs, indices: list[int], ids: "SpecialIds") -> Batch:

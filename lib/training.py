@@ -5,6 +5,7 @@ Per-step metrics go through dvclive into ``live_dir``; resumable checkpoints
 ``checkpoint_dir``; the best weights by validation loss into ``model_path``.
 """
 
+import hashlib
 import logging
 import math
 import shutil
@@ -64,8 +65,32 @@ def check_lengths(pairs: Pairs, max_len: int, split: str):
         )
 
 
+def fingerprint(paths: list[Path]) -> str:
+    """sha256 over the contents of files and directory trees, in a stable order."""
+    digest = hashlib.sha256()
+    for path in paths:
+        files = sorted(p for p in Path(path).rglob("*") if p.is_file()) if Path(path).is_dir() else [Path(path)]
+        for file in files:
+            digest.update(file.name.encode())
+            digest.update(file.read_bytes())
+    return digest.hexdigest()
+
+
+def run_identity(cfg: TrainConfig, data_dir, tokenizer_path) -> dict:
+    """What a checkpoint must share with this run to be resumed from.
+
+    Everything but ``epochs``: raising it and re-running continues training.
+    The inputs' fingerprint covers the data, the tokenizer and this library's
+    code, so that a run after any change that DVC reruns training for starts
+    afresh instead of resuming a stale model.
+    """
+    config = {k: v for k, v in asdict(cfg).items() if k != "epochs"}
+    code = sorted(Path(__file__).parent.rglob("*.py"))
+    return {"config": config, "inputs": fingerprint([Path(data_dir), Path(tokenizer_path), *code])}
+
+
 def _fresh_state() -> dict:
-    return {"step": 0, "epoch": 0, "batches_done": 0, "best_valid_loss": math.inf, "finished": False}
+    return {"step": 0, "epoch": 0, "batches_done": 0, "best_valid_loss": math.inf}
 
 
 def run(
@@ -94,12 +119,12 @@ def run(
 
     checkpoint_dir = Path(checkpoint_dir)
     last_path, best_path = checkpoint_dir / "last.pt", checkpoint_dir / "best.pt"
-    identity = {"config": asdict(cfg), "vocab_size": vocab_size}
+    identity = run_identity(cfg, data_dir, tokenizer_path)
     state = _fresh_state()
     resumed = False
     if last_path.is_file():
         saved = checkpoint.load(last_path, map_location=device)
-        if {k: saved[k] for k in identity} == identity:
+        if {k: saved.get(k) for k in identity} == identity and saved["epoch"] <= cfg.epochs:
             model.load_state_dict(saved["model"])
             optimizer.load_state_dict(saved["optimizer"])
             torch.set_rng_state(saved["rng"])
@@ -122,7 +147,7 @@ def run(
 
     live = Live(dir=str(live_dir), resume=resumed, report=None, save_dvc_exp=False, dvcyaml=False)
     model.train()
-    while state["epoch"] < cfg.epochs and not state["finished"]:
+    while state["epoch"] < cfg.epochs:
         epoch = state["epoch"]
         order = torch.Generator().manual_seed(cfg.seed * 1_000_003 + epoch)
         batches = token_budget_batches(train, cfg.max_tokens, order)
@@ -160,7 +185,7 @@ def run(
             state["best_valid_loss"] = valid_loss
             checkpoint.save_model(model, kind, vocab_size, {"step": state["step"], "valid_loss": valid_loss},
                                   best_path)
-        state.update(epoch=epoch + 1, batches_done=0, finished=epoch + 1 >= cfg.epochs)
+        state.update(epoch=epoch + 1, batches_done=0)
         save_last()
     live.end()
 

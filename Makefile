@@ -1,0 +1,21 @@
+# The whole set-up: `make repro` builds every enabled task, `make test` runs the tests.
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: repro test clean-venv
+
+# (Re)install whenever requirements.txt changes.
+$(STAMP): requirements.txt
+	python3 -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.txt
+	touch $(STAMP)
+
+repro: $(STAMP)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro
+
+test: $(STAMP)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,46 @@
+import copy
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from lib.config import ModelConfig  # noqa: E402
+
+# A pipeline small enough to run every stage in seconds on 2 cores.
+TINY_PARAMS = {
+    "tasks": ["cumsum"],
+    "cumsum": {
+        "prepare": {"seed": 0, "min_length": 2, "max_length": 5, "n_train": 400, "n_valid": 40,
+                    "n_test": 60, "vocab_length": 8},
+        "tokenize": {"kind": "word", "min_frequency": 1},
+        "train": {
+            "seed": 0, "device": "cpu", "epochs": 2, "max_tokens": 256, "lr_factor": 1.0, "warmup": 10,
+            "label_smoothing": 0.1, "clip_norm": 1.0, "checkpoint_every": 5,
+            "model": {"d_model": 16, "n_heads": 2, "encoder_layers": 1, "decoder_layers": 1, "d_ff": 32,
+                      "dropout": 0.1, "norm_first": False, "tie_embeddings": True, "fused_qkv": True,
+                      "max_len": 32},
+        },
+        "evaluate": {"max_tokens": 512, "max_extra_tokens": 3, "n_samples": 10},
+        "report": {"n_attention_examples": 2},
+    },
+}
+
+
+@pytest.fixture
+def tiny_params():
+    return copy.deepcopy(TINY_PARAMS)
+
+
+def model_config(**overrides) -> ModelConfig:
+    base = dict(d_model=32, n_heads=4, encoder_layers=2, decoder_layers=2, d_ff=64, dropout=0.0,
+                norm_first=False, tie_embeddings=False, fused_qkv=True, max_len=64)
+    return ModelConfig(**{**base, **overrides})
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)

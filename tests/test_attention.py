@@ -1,0 +1,95 @@
+"""Attention: masks, the pure function, and parity with torch.nn.MultiheadAttention."""
+
+import pytest
+import torch
+from torch import nn
+
+from lib.attention import MultiHeadAttention, scaled_dot_product_attention
+from lib.masks import causal_mask, padding_mask, target_mask
+
+PAD = 0
+
+
+def copy_mha(ours: MultiHeadAttention, ref: nn.MultiheadAttention):
+    """Load torch's (3C, C) in-projection and out-projection into ours."""
+    C = ref.embed_dim
+    with torch.no_grad():
+        if ours.fused_qkv:
+            ours.qkv_proj.weight.copy_(ref.in_proj_weight)
+            ours.qkv_proj.bias.copy_(ref.in_proj_bias)
+        else:
+            for i, proj in enumerate((ours.q_proj, ours.k_proj, ours.v_proj)):
+                proj.weight.copy_(ref.in_proj_weight[i * C:(i + 1) * C])
+                proj.bias.copy_(ref.in_proj_bias[i * C:(i + 1) * C])
+        ours.out_proj.weight.copy_(ref.out_proj.weight)
+        ours.out_proj.bias.copy_(ref.out_proj.bias)
+
+
+def tokens_with_padding(B=3, T=7, lengths=(7, 4, 2)):
+    ids = torch.randint(1, 20, (B, T))
+    for row, n in enumerate(lengths):
+        ids[row, n:] = PAD
+    return ids
+
+
+def test_masks_shapes_and_values():
+    ids = tokens_with_padding()
+    assert padding_mask(ids, PAD).shape == (3, 1, 1, 7)
+    assert causal_mask(5).shape == (1, 1, 5, 5)
+    assert torch.equal(causal_mask(3)[0, 0], torch.tensor([[1, 0, 0], [1, 1, 0], [1, 1, 1]], dtype=torch.bool))
+    mask = target_mask(ids, PAD)
+    assert mask.shape == (3, 1, 7, 7)
+    assert not mask[1, 0, 6, 4]  # a pad key
+    assert not mask[0, 0, 2, 3]  # a future key
+    assert mask[0, 0, 3, 2]
+
+
+def test_weights_are_a_distribution_over_allowed_keys():
+    q, k, v = (torch.randn(2, 3, 5, 8) for _ in range(3))
+    mask = causal_mask(5)
+    _, weights = scaled_dot_product_attention(q, k, v, mask)
+    assert torch.allclose(weights.sum(-1), torch.ones(2, 3, 5))
+    assert torch.all(weights.masked_select(~mask.expand_as(weights)) == 0)
+
+
+def test_fully_masked_row_gives_zeros_not_nan():
+    q, k, v = (torch.randn(1, 2, 3, 4, requires_grad=True) for _ in range(3))
+    mask = torch.ones(1, 1, 3, 3, dtype=torch.bool)
+    mask[..., 1, :] = False  # query 1 may attend to nothing
+    out, weights = scaled_dot_product_attention(q, k, v, mask)
+    assert torch.all(weights[:, :, 1] == 0) and torch.all(out[:, :, 1] == 0)
+    out.sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("causal", [False, True])
+def test_self_attention_matches_torch(fused, causal):
+    B, T, C, H = 3, 7, 32, 4
+    ref = nn.MultiheadAttention(C, H, batch_first=True)
+    ours = MultiHeadAttention(C, H, fused_qkv=fused)
+    copy_mha(ours, ref)
+    x = torch.randn(B, T, C)
+    ids = tokens_with_padding(B, T)
+    mask = target_mask(ids, PAD) if causal else padding_mask(ids, PAD)
+    torch_causal = ~causal_mask(T)[0, 0] if causal else None  # torch: True = blocked
+    expected, expected_w = ref(x, x, x, key_padding_mask=ids == PAD, attn_mask=torch_causal,
+                               average_attn_weights=False)
+    got, got_w = ours(x, mask=mask)
+    assert (got - expected).abs().max() <= 1e-5
+    assert (got_w - expected_w).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_cross_attention_matches_torch(fused):
+    B, T, S, C, H = 3, 5, 7, 32, 4
+    ref = nn.MultiheadAttention(C, H, batch_first=True)
+    ours = MultiHeadAttention(C, H, fused_qkv=fused)
+    copy_mha(ours, ref)
+    x, memory = torch.randn(B, T, C), torch.randn(B, S, C)
+    src = tokens_with_padding(B, S)
+    expected, _ = ref(x, memory, memory, key_padding_mask=src == PAD)
+    got, weights = ours(x, memory, padding_mask(src, PAD))
+    assert weights.shape == (B, H, T, S)
+    assert (got - expected).abs().max() <= 1e-5
+    assert torch.all(weights[2, :, :, 2:] == 0)  # source padding gets no weight

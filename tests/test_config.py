@@ -1,0 +1,73 @@
+"""params.yaml validation: a bad key fails before any work, naming the key."""
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from lib.config import ConfigError, stage_config
+from tests.conftest import ROOT
+
+
+@pytest.mark.parametrize(
+    "stage, edit, message",
+    [
+        ("train", lambda p: p["train"].update(epocs=3), r"cumsum\.train\.epocs: unknown key"),
+        ("train", lambda p: p["train"].pop("warmup"), r"cumsum\.train\.warmup: missing key"),
+        ("train", lambda p: p["train"].update(epochs="many"), r"cumsum\.train\.epochs: expected int"),
+        ("train", lambda p: p["train"].update(epochs=True), r"cumsum\.train\.epochs: expected int"),
+        ("train", lambda p: p["train"]["model"].update(n_heads=3), r"cumsum\.train\.model\.d_model: 16 is not divisible"),
+        ("train", lambda p: p["train"]["model"].update(dropout=1.0), r"cumsum\.train\.model\.dropout: must be in \[0, 1\)"),
+        ("train", lambda p: p["train"].update(max_tokens=0), r"cumsum\.train\.max_tokens: must be > 0"),
+        ("train", lambda p: p["train"].update(device="tpu"), r"cumsum\.train\.device: 'tpu' is not one of"),
+        ("tokenize", lambda p: p["tokenize"].update(kind="bytes"), r"cumsum\.tokenize\.kind"),
+        ("prepare", lambda p: p["prepare"].update(max_length=1), r"cumsum\.prepare\.max_length: must be >="),
+        ("evaluate", lambda p: p["evaluate"].update(n_samples=-1), r"cumsum\.evaluate\.n_samples"),
+    ],
+)
+def test_bad_values_name_the_key(tiny_params, stage, edit, message):
+    edit(tiny_params["cumsum"])
+    with pytest.raises(ConfigError, match=message):
+        stage_config(tiny_params, "cumsum", stage)
+
+
+def test_unknown_task_is_named(tiny_params):
+    tiny_params["tasks"] = ["cumsun"]
+    with pytest.raises(ConfigError, match=r"tasks: unknown task 'cumsun'"):
+        stage_config(tiny_params, "cumsun", "prepare")
+
+
+def test_valid_params_give_frozen_configs(tiny_params):
+    cfg = stage_config(tiny_params, "cumsum", "train")
+    assert cfg.model.head_dim == 8
+    with pytest.raises(AttributeError):
+        cfg.epochs = 5
+
+
+def test_stage_command_fails_cleanly_and_writes_nothing(tmp_path, tiny_params):
+    tiny_params["cumsum"]["prepare"]["n_trian"] = 5
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(tiny_params))
+    out = tmp_path / "data"
+    result = subprocess.run(
+        [sys.executable, "-m", "stages.prepare", "cumsum", "--out", str(out), "--params", str(params)],
+        cwd=ROOT, capture_output=True, text=True,
+    )
+    assert result.returncode == 2
+    assert "cumsum.prepare.n_trian: unknown key" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not out.exists() and list(tmp_path.iterdir()) == [params]
+
+
+def test_missing_input_is_named(tmp_path, tiny_params):
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(tiny_params))
+    result = subprocess.run(
+        [sys.executable, "-m", "stages.tokenize", "cumsum", "--data", str(tmp_path / "nowhere"),
+         "--out", str(tmp_path / "tok.json"), "--params", str(params)],
+        cwd=ROOT, capture_output=True, text=True,
+    )
+    assert result.returncode == 2
+    assert "nowhere/train.parquet: split not found" in result.stderr
+    assert not (tmp_path / "tok.json").exists()

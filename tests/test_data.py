@@ -1,0 +1,59 @@
+"""Batching, collate and the cumsum task's data and scores."""
+
+import pandas as pd
+import torch
+
+from lib.config import from_dict
+from lib.data import Pairs, collate, token_budget_batches
+from lib.tasks import cumsum, run_prepare
+from lib.tokenizer import SpecialIds
+
+IDS = SpecialIds(pad=0, bos=1, eos=2, unk=3)
+
+
+def random_pairs(n=200):
+    g = torch.Generator().manual_seed(1)
+    lengths = torch.randint(1, 20, (n, 2), generator=g).tolist()
+    return Pairs([[5] * a for a, _ in lengths], [[6] * b for _, b in lengths])
+
+
+def test_token_budget_batches_cover_everything_within_budget():
+    pairs = random_pairs()
+    batches = token_budget_batches(pairs, 64, torch.Generator().manual_seed(0))
+    assert sorted(i for b in batches for i in b) == list(range(len(pairs)))
+    for b in batches:
+        longest = max(max(len(pairs.src[i]), len(pairs.tgt[i]) + 1) for i in b)
+        assert len(b) * longest <= 64
+    again = token_budget_batches(pairs, 64, torch.Generator().manual_seed(0))
+    assert again == batches  # the seed fixes the order
+    assert token_budget_batches(pairs, 64) == token_budget_batches(pairs, 64)
+
+
+def test_collate_shifts_right_and_pads():
+    pairs = Pairs([[7, 8, 9], [7]], [[10, 11], [12, 13, 14]])
+    batch = collate(pairs, [0, 1], IDS)
+    assert batch.src.tolist() == [[7, 8, 9], [7, 0, 0]]
+    assert batch.tgt_in.tolist() == [[1, 10, 11, 0], [1, 12, 13, 14]]
+    assert batch.tgt_out.tolist() == [[10, 11, 2, 0], [12, 13, 14, 2]]
+    assert batch.n_tokens == 7
+
+
+def test_cumsum_splits_are_correct_and_disjoint(tmp_path, tiny_params):
+    cfg = from_dict(cumsum.PrepareConfig, tiny_params["cumsum"]["prepare"], "cumsum.prepare")
+    run_prepare("cumsum", cfg, tmp_path / "cumsum")
+    splits = {s: pd.read_parquet(tmp_path / "cumsum" / f"{s}.parquet") for s in ("train", "valid", "test")}
+    assert [len(splits[s]) for s in splits] == [400, 40, 60]
+    for frame in splits.values():
+        for src, tgt in zip(frame["src"], frame["tgt"]):
+            digits = list(map(int, src.split()))
+            assert 2 <= len(digits) <= 5
+            assert list(map(int, tgt.split())) == cumsum.running_sums(digits)
+    train, valid, test = (set(splits[s]["src"]) for s in splits)
+    assert not train & valid and not train & test and not valid & test
+    assert (tmp_path / "cumsum" / "alphabet.txt").read_text().split()[-1] == "72"  # 9 * vocab_length
+
+
+def test_cumsum_score():
+    scores = cumsum.score(["1 3 6", "2 5", "4"], ["1 3 6", "2 4", "4 9"])
+    assert scores["exact_match"] == 1 / 3
+    assert scores["token_accuracy"] == 5 / 7

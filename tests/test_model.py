@@ -1,0 +1,133 @@
+"""The model: parity with torch's layers, causality, padding invariance, positions, overfitting."""
+
+import pytest
+import torch
+from torch import nn
+
+from lib.masks import causal_mask, padding_mask, target_mask
+from lib.model import (DecoderLayer, EncoderLayer, SinusoidalPositionalEncoding, Transformer, TransformerLM,
+                       build_model)
+from lib.optim import label_smoothed_nll
+from tests.conftest import model_config
+from tests.test_attention import PAD, copy_mha, tokens_with_padding
+
+
+def copy_common(ours, ref, norms):
+    with torch.no_grad():
+        for mine, theirs in [(ours.feed_forward.linear1, ref.linear1), (ours.feed_forward.linear2, ref.linear2),
+                             *[(getattr(ours, n), getattr(ref, n)) for n in norms]]:
+            mine.weight.copy_(theirs.weight)
+            mine.bias.copy_(theirs.bias)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("fused", [True, False])
+def test_encoder_layer_matches_torch(norm_first, fused):
+    cfg = model_config(norm_first=norm_first, fused_qkv=fused)
+    ref = nn.TransformerEncoderLayer(cfg.d_model, cfg.n_heads, cfg.d_ff, dropout=0.0, batch_first=True,
+                                     norm_first=norm_first)
+    ours = EncoderLayer(cfg)
+    copy_mha(ours.self_attn, ref.self_attn)
+    copy_common(ours, ref, ["norm1", "norm2"])
+    ref.train(), ours.train()  # dropout is 0; train mode keeps torch off its fused fast path
+    x = torch.randn(3, 7, cfg.d_model)
+    ids = tokens_with_padding()
+    expected = ref(x, src_key_padding_mask=ids == PAD)
+    got, _ = ours(x, padding_mask(ids, PAD))
+    assert (got - expected).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("fused", [True, False])
+def test_decoder_layer_matches_torch(norm_first, fused):
+    cfg = model_config(norm_first=norm_first, fused_qkv=fused)
+    ref = nn.TransformerDecoderLayer(cfg.d_model, cfg.n_heads, cfg.d_ff, dropout=0.0, batch_first=True,
+                                     norm_first=norm_first)
+    ours = DecoderLayer(cfg)
+    copy_mha(ours.self_attn, ref.self_attn)
+    copy_mha(ours.cross_attn, ref.multihead_attn)
+    copy_common(ours, ref, ["norm1", "norm2", "norm3"])
+    x, memory = torch.randn(3, 7, cfg.d_model), torch.randn(3, 5, cfg.d_model)
+    tgt, src = tokens_with_padding(3, 7), tokens_with_padding(3, 5, (5, 3, 1))
+    expected = ref(x, memory, tgt_mask=~causal_mask(7)[0, 0],
+                   tgt_key_padding_mask=tgt == PAD, memory_key_padding_mask=src == PAD, tgt_is_causal=True)
+    got, self_w, cross_w = ours(x, memory, target_mask(tgt, PAD), padding_mask(src, PAD))
+    assert (got - expected).abs().max() <= 1e-5
+    assert torch.all(self_w.triu(1) == 0)  # nothing from the future
+    assert torch.all(cross_w[2, :, :, 1:] == 0)  # nothing from source padding
+
+
+def seq2seq(**overrides):
+    return Transformer(model_config(**overrides), 30, 30, joint_vocab=True).eval()
+
+
+def logits(model, src, tgt):
+    return model(src, tgt, padding_mask(src, PAD), target_mask(tgt, PAD))
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_decoder_is_causal(norm_first):
+    model = seq2seq(norm_first=norm_first)
+    src, tgt = torch.randint(1, 30, (2, 6)), torch.randint(1, 30, (2, 8))
+    before = logits(model, src, tgt)
+    for t in range(7):
+        changed = tgt.clone()
+        changed[:, t + 1] = (changed[:, t + 1] % 29) + 1  # another real token
+        after = logits(model, src, changed)
+        assert torch.allclose(before[:, : t + 1], after[:, : t + 1], atol=1e-6)
+        assert not torch.allclose(before[:, t + 1:], after[:, t + 1:], atol=1e-6)
+
+
+def test_lm_is_causal():
+    model = TransformerLM(model_config(), 30).eval()
+    ids = torch.randint(0, 30, (2, 10))
+    before = model(ids)
+    changed = ids.clone()
+    changed[:, 6] = (changed[:, 6] + 1) % 30
+    after = model(changed)
+    assert torch.allclose(before[:, :6], after[:, :6], atol=1e-6)
+    assert not torch.allclose(before[:, 6:], after[:, 6:], atol=1e-6)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_padding_does_not_change_real_positions(norm_first):
+    model = seq2seq(norm_first=norm_first)
+    src, tgt = torch.randint(1, 30, (2, 5)), torch.randint(1, 30, (2, 6))
+    padded_src = torch.cat([src, torch.full((2, 4), PAD)], dim=1)
+    padded_tgt = torch.cat([tgt, torch.full((2, 3), PAD)], dim=1)
+    plain = logits(model, src, tgt)
+    padded = logits(model, padded_src, padded_tgt)
+    assert (padded[:, :6] - plain).abs().max() <= 1e-5
+
+
+def test_positional_encoding_values_and_length_limit():
+    pe = SinusoidalPositionalEncoding(8, max_len=10)
+    assert torch.allclose(pe.table[0], torch.tensor([0.0, 1.0] * 4))
+    assert torch.isclose(pe.table[3, 2], torch.sin(torch.tensor(3.0) / 10000 ** (2 / 8)))
+    with pytest.raises(ValueError, match="max_len"):
+        pe(torch.zeros(1, 11, 8))
+
+
+def test_weight_tying():
+    model = Transformer(model_config(tie_embeddings=True), 30, 30, joint_vocab=True)
+    assert model.generator.weight is model.tgt_embed.tokens.weight is model.src_embed.tokens.weight
+    separate = Transformer(model_config(tie_embeddings=True), 40, 30, joint_vocab=False)
+    assert separate.generator.weight is separate.tgt_embed.tokens.weight
+    assert separate.src_embed.tokens.weight is not separate.tgt_embed.tokens.weight
+    lm = build_model(model_config(tie_embeddings=True), "lm", 30, 30, joint_vocab=True)
+    assert lm.generator.weight is lm.embed.tokens.weight
+
+
+def test_overfits_one_batch():
+    model = build_model(model_config(), "seq2seq", 30, 30, joint_vocab=True).train()
+    src = torch.randint(4, 30, (8, 6))
+    tgt_in = torch.cat([torch.full((8, 1), 1), src.flip(1)], dim=1)  # bos + reversed source
+    tgt_out = torch.cat([src.flip(1), torch.full((8, 1), 2)], dim=1)  # reversed source + eos
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(150):
+        loss, n = label_smoothed_nll(logits(model, src, tgt_in), tgt_out, PAD, 0.0)
+        (loss / n).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    assert (loss / n).item() < 0.05
+    assert torch.equal(logits(model.eval(), src, tgt_in).argmax(-1), tgt_out)

@@ -1,0 +1,50 @@
+"""The Noam schedule and label smoothing."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lib.optim import label_smoothed_nll, noam_lr, smoothed_targets
+
+PAD = 0
+
+
+def test_noam_rises_linearly_peaks_at_warmup_then_decays():
+    lrs = [noam_lr(step, d_model=512, warmup=4000, factor=1.0) for step in range(1, 20001)]
+    assert max(range(len(lrs)), key=lrs.__getitem__) + 1 == 4000
+    assert lrs[3999] == pytest.approx(512**-0.5 * 4000**-0.5)
+    assert lrs[1] == pytest.approx(2 * lrs[0])  # linear warmup
+    assert lrs[15999] == pytest.approx(lrs[3999] / 2)  # 1/sqrt(step): 4x the steps, half the rate
+    assert noam_lr(100, 512, 4000, factor=2.0) == pytest.approx(2 * noam_lr(100, 512, 4000, 1.0))
+
+
+def test_without_smoothing_it_is_cross_entropy():
+    logits, target = torch.randn(4, 6, 11), torch.randint(1, 11, (4, 6))
+    loss, n = label_smoothed_nll(logits, target, PAD, 0.0)
+    expected = F.cross_entropy(logits.reshape(-1, 11), target.reshape(-1), reduction="sum")
+    assert n == 24 and loss.item() == pytest.approx(expected.item(), rel=1e-6)
+
+
+def test_pad_targets_add_nothing():
+    logits, target = torch.randn(2, 5, 11), torch.randint(1, 11, (2, 5))
+    padded = target.clone()
+    padded[:, 3:] = PAD
+    full, _ = label_smoothed_nll(logits[:, :3], target[:, :3], PAD, 0.1)
+    masked, n = label_smoothed_nll(logits, padded, PAD, 0.1)
+    assert n == 6 and masked.item() == pytest.approx(full.item(), rel=1e-6)
+
+
+def test_smoothed_target_sums_to_one_with_no_mass_on_pad():
+    target = torch.tensor([3, PAD, 7])
+    dist = smoothed_targets(target, vocab_size=10, pad_id=PAD, smoothing=0.2)
+    assert torch.allclose(dist[[0, 2]].sum(1), torch.ones(2))
+    assert torch.all(dist[:, PAD] == 0) and torch.all(dist[1] == 0)
+    assert dist[0, 3] == pytest.approx(0.8) and dist[0, 5] == pytest.approx(0.2 / 8)
+
+
+def test_loss_is_cross_entropy_against_the_smoothed_target():
+    logits, target = torch.randn(12, 10), torch.randint(0, 10, (12,))
+    dist = smoothed_targets(target, 10, PAD, 0.1)
+    expected = -(dist * F.log_softmax(logits, -1)).sum()
+    loss, _ = label_smoothed_nll(logits, target, PAD, 0.1)
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)

@@ -1,0 +1,103 @@
+"""Each stage's ``run`` on tiny params in a temporary directory, and resuming training."""
+
+import json
+import struct
+
+import pandas as pd
+import pytest
+import torch
+
+from lib import checkpoint, evaluation, reporting, tokenizer, training
+from lib.config import stage_config
+from lib.tasks import run_prepare
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """Run prepare -> tokenize -> train -> evaluate -> report once; return the paths."""
+    from tests.conftest import TINY_PARAMS as params
+
+    root = tmp_path_factory.mktemp("pipeline")
+    p = {
+        "data": root / "data", "tokenizer": root / "models" / "tokenizer.json",
+        "model": root / "models" / "model.pt", "checkpoints": root / "models" / "checkpoints",
+        "live": root / "reports" / "train", "metrics": root / "reports" / "metrics.json",
+        "samples": root / "reports" / "samples.tsv", "report": root / "reports" / "report.md",
+        "figures": root / "reports" / "figures",
+    }
+    cfg = lambda stage: stage_config(params, "cumsum", stage)  # noqa: E731
+    run_prepare("cumsum", cfg("prepare"), p["data"])
+    tokenizer.run(cfg("tokenize"), p["data"], p["tokenizer"])
+    p["summary"] = training.run("cumsum", cfg("train"), p["data"], p["tokenizer"], p["model"],
+                                p["checkpoints"], p["live"])
+    p["scores"] = evaluation.run("cumsum", cfg("evaluate"), p["data"], p["tokenizer"], p["model"],
+                                 p["metrics"], p["samples"])
+    reporting.run("cumsum", cfg("report"), p["data"], p["tokenizer"], p["model"], p["metrics"], p["samples"],
+                  p["live"], p["report"], p["figures"])
+    return p
+
+
+def test_tokenizer_has_specials_and_every_sum(built):
+    tok = tokenizer.load_tokenizer(built["tokenizer"])
+    ids = tokenizer.special_ids(tok)
+    assert len({ids.pad, ids.bos, ids.eos, ids.unk}) == 4
+    assert all(tok.token_to_id(str(n)) is not None for n in range(73))  # 9 * vocab_length
+    assert tokenizer.decode(tok, tokenizer.encode(tok, ["3 4 8 72"])) == ["3 4 8 72"]
+
+
+def test_train_writes_model_checkpoints_and_curves(built):
+    state = checkpoint.load(built["model"])
+    assert state["kind"] == "seq2seq" and state["valid_loss"] == built["summary"]["best_valid_loss"]
+    last = checkpoint.load(built["checkpoints"] / "last.pt")
+    assert {"model", "optimizer", "rng", "step", "epoch", "config", "inputs", "best_valid_loss"} <= set(last)
+    assert last["epoch"] == 2
+    losses = pd.read_csv(built["live"] / "plots" / "metrics" / "train" / "loss.tsv", sep="\t")
+    assert len(losses) == last["step"]
+    assert losses["loss"].iloc[-5:].mean() < losses["loss"].iloc[:5].mean()
+    valid = pd.read_csv(built["live"] / "plots" / "metrics" / "valid" / "loss.tsv", sep="\t")
+    assert len(valid) == 2
+
+
+def test_evaluate_writes_metrics_and_samples(built):
+    metrics = json.loads(built["metrics"].read_text())
+    assert metrics == built["scores"]
+    assert metrics["n_test"] == 60
+    assert 0.0 <= metrics["greedy"]["exact_match"] <= 1.0
+    assert metrics["perplexity"] > 1.0
+    samples = pd.read_csv(built["samples"], sep="\t", dtype=str, keep_default_na=False)
+    assert list(samples.columns) == ["source", "reference", "greedy", "correct"] and len(samples) == 10
+
+
+def test_report_links_only_existing_pngs(built):
+    text = built["report"].read_text()
+    assert "## Test metrics" in text and "greedy.exact_match" in text
+    links = [line.split("](")[1].rstrip(")") for line in text.splitlines() if line.startswith("![")]
+    assert len(links) == 1 + 2  # the loss curve and n_attention_examples heatmaps
+    for link in links:
+        png = (built["report"].parent / link).read_bytes()
+        assert png[:8] == b"\x89PNG\r\n\x1a\n"
+        width, height = struct.unpack(">II", png[16:24])
+        assert width > 100 and height > 100
+
+
+def test_raising_epochs_resumes_to_the_same_model(tmp_path, built, tiny_params):
+    """Train 1 epoch, raise epochs to 2 and re-run: equal to 2 epochs straight."""
+    train = tiny_params["cumsum"]["train"]
+    paths = lambda d: (built["data"], built["tokenizer"], d / "model.pt", d / "ckpt", d / "live")  # noqa: E731
+    train["epochs"] = 1
+    training.run("cumsum", stage_config(tiny_params, "cumsum", "train"), *paths(tmp_path))
+    train["epochs"] = 2
+    summary = training.run("cumsum", stage_config(tiny_params, "cumsum", "train"), *paths(tmp_path))
+    assert summary["resumed"]
+    resumed = checkpoint.load(tmp_path / "ckpt" / "last.pt")["model"]
+    straight = checkpoint.load(built["checkpoints"] / "last.pt")["model"]
+    assert all(torch.equal(resumed[k], straight[k]) for k in straight)
+
+
+def test_changed_params_start_afresh(tmp_path, built, tiny_params):
+    paths = (built["data"], built["tokenizer"], tmp_path / "model.pt", tmp_path / "ckpt", tmp_path / "live")
+    tiny_params["cumsum"]["train"]["epochs"] = 1
+    training.run("cumsum", stage_config(tiny_params, "cumsum", "train"), *paths)
+    tiny_params["cumsum"]["train"]["lr_factor"] = 0.5
+    summary = training.run("cumsum", stage_config(tiny_params, "cumsum", "train"), *paths)
+    assert not summary["resumed"]
