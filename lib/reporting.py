@@ -110,7 +110,8 @@ def run(
         heatmaps.append(name)
 
     rel = figures_dir.relative_to(report_path.parent)
-    table = pd.DataFrame({"metric": list(metrics), "value": list(metrics.values())})
+    values = [f"{v:.4f}" if isinstance(v, float) else str(v) for v in metrics.values()]
+    table = pd.DataFrame({"metric": list(metrics), "value": values})
     lines = [
         f"# {task}: report",
         "",
@@ -118,7 +119,7 @@ def run(
         "",
         "## Test metrics",
         "",
-        table.to_markdown(index=False, floatfmt=".4f"),
+        table.to_markdown(index=False, colalign=("left", "right"), disable_numparse=True),
         "",
         "## Loss",
         "",

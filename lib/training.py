@@ -12,6 +12,7 @@ import shutil
 from dataclasses import asdict
 from pathlib import Path
 
+import pandas as pd
 import torch
 from dvclive import Live
 from tqdm import tqdm
@@ -89,6 +90,13 @@ def run_identity(cfg: TrainConfig, data_dir, tokenizer_path) -> dict:
     return {"config": config, "inputs": fingerprint([Path(data_dir), Path(tokenizer_path), *code])}
 
 
+def truncate_curves(live_dir: str | Path, step: int):
+    """Drop metric rows logged after ``step``: a killed run logged past its last checkpoint."""
+    for tsv in (Path(live_dir) / "plots" / "metrics").rglob("*.tsv"):
+        frame = pd.read_csv(tsv, sep="\t")
+        frame[frame["step"] <= step].to_csv(tsv, sep="\t", index=False)
+
+
 def _fresh_state() -> dict:
     return {"step": 0, "epoch": 0, "batches_done": 0, "best_valid_loss": math.inf}
 
@@ -130,6 +138,7 @@ def run(
             torch.set_rng_state(saved["rng"])
             state = {k: saved[k] for k in state}
             resumed = True
+            truncate_curves(live_dir, state["step"])
             log.info("resuming from %s at step %d", last_path, state["step"])
         else:
             log.info("%s was trained with other params or data; starting afresh", last_path)

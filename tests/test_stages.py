@@ -1,15 +1,21 @@
 """Each stage's ``run`` on tiny params in a temporary directory, and resuming training."""
 
 import json
+import signal
 import struct
+import subprocess
+import sys
+import time
 
 import pandas as pd
 import pytest
 import torch
+import yaml
 
 from lib import checkpoint, evaluation, reporting, tokenizer, training
 from lib.config import stage_config
 from lib.tasks import run_prepare
+from tests.conftest import ROOT
 
 
 @pytest.fixture(scope="module")
@@ -101,3 +107,38 @@ def test_changed_params_start_afresh(tmp_path, built, tiny_params):
     tiny_params["cumsum"]["train"]["lr_factor"] = 0.5
     summary = training.run("cumsum", stage_config(tiny_params, "cumsum", "train"), *paths)
     assert not summary["resumed"]
+
+
+def test_killed_training_resumes_bit_identical(tmp_path, built, tiny_params):
+    """kill -9 the train stage part-way; the re-run resumes and ends where a straight run ends."""
+    train = tiny_params["cumsum"]["train"]
+    train.update(epochs=3, checkpoint_every=4)
+    train["model"].update(d_model=32, d_ff=64)  # slow enough to be killed mid-run
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(tiny_params))
+
+    def command(out):
+        return [sys.executable, "-m", "stages.train", "cumsum", "--params", str(params),
+                "--data", str(built["data"]), "--tokenizer", str(built["tokenizer"]),
+                "--model", str(out / "model.pt"), "--checkpoints", str(out / "ckpt"), "--live", str(out / "live")]
+
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    subprocess.run(command(straight), cwd=ROOT, check=True, capture_output=True)
+    process = subprocess.Popen(command(killed), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not (killed / "ckpt" / "last.pt").exists() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    interrupted = checkpoint.load(killed / "ckpt" / "last.pt")
+    assert interrupted["epoch"] < 3, "the run finished before it could be killed"
+
+    result = subprocess.run(command(killed), cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert f"resuming from {killed / 'ckpt' / 'last.pt'} at step {interrupted['step']}" in result.stderr
+    a, b = checkpoint.load(straight / "model.pt"), checkpoint.load(killed / "model.pt")
+    assert a["step"] == b["step"] and a["valid_loss"] == b["valid_loss"]
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    curve = lambda d: pd.read_csv(d / "live" / "plots" / "metrics" / "train" / "loss.tsv", sep="\t")  # noqa: E731
+    assert curve(killed)["step"].tolist() == curve(straight)["step"].tolist()
+    assert curve(killed)["loss"].tolist() == curve(straight)["loss"].tolist()
