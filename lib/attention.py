@@ -4,8 +4,6 @@ Dims: B batch, H heads, Tq query length, Tk key length, C model width,
 D head width (C = H * D).
 """
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -25,15 +23,19 @@ def scaled_dot_product_attention(
     weights (B, H, Tq, Tk) before dropout. Masked keys get exactly zero weight;
     a row with no allowed key gets all-zero weights (and a zero output), not NaN.
     """
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, Tq, Tk)
+    q = q * q.size(-1) ** -0.5  # scale the (smaller) queries, not the scores
+    scores = q @ k.transpose(-2, -1)  # (B, H, Tq, Tk)
     if mask is not None:
         # The most negative finite value rather than -inf: a fully masked row
-        # then softmaxes to a uniform row (zeroed below) instead of NaN.
-        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        # then softmaxes to a uniform row instead of NaN, zeroed below; in any
+        # other row a masked key's weight underflows to exactly 0.
+        scores = scores.masked_fill_(~mask, torch.finfo(scores.dtype).min)
     # Softmax in float32 so that low-precision autocast stays numerically safe.
     weights = F.softmax(scores.float(), dim=-1).to(q.dtype)  # (B, H, Tq, Tk)
     if mask is not None:
-        weights = weights.masked_fill(~mask, 0.0)
+        no_key = ~mask.any(dim=-1, keepdim=True)  # (B or 1, 1, Tq or 1, 1): cheap, mask is small
+        if no_key.any():
+            weights = weights.masked_fill(no_key, 0.0)
     attended = weights if dropout is None else dropout(weights)
     return attended @ v, weights  # (B, H, Tq, D), (B, H, Tq, Tk)
 

@@ -32,7 +32,8 @@ def _check_type(value, kind, key: str):
 def from_dict(cls, raw, key: str):
     """Build dataclass ``cls`` from the mapping ``raw`` found at dotted ``key``.
 
-    Nested dataclass fields are built recursively. Unknown and missing keys,
+    Nested dataclass fields are built recursively; a field with a default may
+    be left out (it is one that only some settings use). Unknown and missing keys,
     wrong types and values rejected by ``__post_init__`` raise ConfigError.
     """
     if not isinstance(raw, dict):
@@ -42,11 +43,13 @@ def from_dict(cls, raw, key: str):
     unknown = sorted(set(raw) - set(names))
     if unknown:
         raise ConfigError(f"{key}.{unknown[0]}: unknown key (allowed: {', '.join(names)})")
-    missing = [n for n in names if n not in raw]
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    optional = {n for n, f in fields.items() if f.default is not dataclasses.MISSING}
+    missing = [n for n in names if n not in raw and n not in optional]
     if missing:
         raise ConfigError(f"{key}.{missing[0]}: missing key")
     values = {}
-    for name in names:
+    for name in (n for n in names if n in raw):
         kind, sub = hints[name], f"{key}.{name}"
         if dataclasses.is_dataclass(kind):
             values[name] = from_dict(kind, raw[name], sub)
@@ -105,12 +108,15 @@ class ModelConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TokenizeConfig:
-    kind: str  # "word": whitespace-separated words, each a token
-    min_frequency: int  # drop words seen fewer times in the training split
+    kind: str  # word (whitespace-separated words), char (every character) or bpe (byte-pair merges)
+    min_frequency: int  # drop words, characters or merges seen fewer times in the training split
+    vocab_size: int = 0  # bpe only: the vocabulary's size, special tokens included
 
     def __post_init__(self):
-        choose(self.kind, "kind", ("word",))
+        choose(self.kind, "kind", ("word", "char", "bpe"))
         require(self.min_frequency >= 1, "min_frequency", "must be >= 1")
+        if self.kind == "bpe":
+            require(self.vocab_size > 4, "vocab_size", "bpe needs a vocab_size above the 4 special tokens")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,6 +142,54 @@ class TrainConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class LMTrainConfig:
+    seed: int  # seeds weights, dropout and the blocks drawn
+    device: str  # auto (CUDA when present), cpu or cuda
+    max_iters: int  # optimizer steps
+    batch_size: int  # blocks per step
+    block_size: int  # tokens of context per block (at most model.max_len)
+    schedule: str  # cosine (linear warmup, then cosine decay to min_lr) or noam
+    lr: float  # peak learning rate, reached at the end of warmup (both schedules)
+    min_lr: float  # cosine: the rate at max_iters
+    warmup: int  # steps of linear warmup
+    weight_decay: float  # AdamW decay of weight matrices (never biases, LayerNorm or embeddings)
+    beta2: float  # AdamW's second-moment decay
+    clip_norm: float  # gradient-norm clipping threshold
+    eval_every: int  # steps between estimates of train and validation loss
+    eval_batches: int  # fixed batches each estimate averages over
+    checkpoint_every: int  # steps between resumable checkpoints
+    model: ModelConfig
+
+    def __post_init__(self):
+        choose(self.device, "device", ("auto", "cpu", "cuda"))
+        choose(self.schedule, "schedule", ("cosine", "noam"))
+        for name in ("max_iters", "batch_size", "block_size", "warmup", "eval_every", "eval_batches",
+                     "checkpoint_every"):
+            require(getattr(self, name) > 0, name, "must be > 0")
+        require(self.lr > 0, "lr", "must be > 0")
+        require(0 <= self.min_lr <= self.lr, "min_lr", "must be in [0, lr]")
+        require(self.weight_decay >= 0, "weight_decay", "must be >= 0")
+        require(0 < self.beta2 < 1, "beta2", "must be in (0, 1)")
+        require(self.clip_norm > 0, "clip_norm", "must be > 0")
+        require(self.block_size <= self.model.max_len, "block_size", f"exceeds model.max_len {self.model.max_len}")
+
+
+@dataclasses.dataclass(frozen=True)
+class LMEvaluateConfig:
+    prompts: tuple[str, ...]  # each starts one sample
+    max_new_tokens: int  # tokens sampled after each prompt
+    temperature: float  # divides the logits: < 1 sharper, > 1 flatter
+    top_k: int  # sample among the k likeliest tokens; 0 = all
+    seed: int  # same seed, same samples
+
+    def __post_init__(self):
+        require(len(self.prompts) > 0, "prompts", "needs at least one prompt")
+        require(self.max_new_tokens > 0, "max_new_tokens", "must be > 0")
+        require(self.temperature > 0, "temperature", "must be > 0")
+        require(self.top_k >= 0, "top_k", "must be >= 0")
+
+
+@dataclasses.dataclass(frozen=True)
 class EvaluateConfig:
     max_tokens: int  # token budget of a batch, for the loss and for decoding
     max_extra_tokens: int  # a hypothesis has at most source length + this many tokens (eos included)
@@ -155,11 +209,12 @@ class ReportConfig:
         require(self.n_attention_examples > 0, "n_attention_examples", "must be > 0")
 
 
+# The config class of each stage, by the task's kind (seq2seq or lm).
 STAGE_CONFIGS = {
-    "tokenize": TokenizeConfig,
-    "train": TrainConfig,
-    "evaluate": EvaluateConfig,
-    "report": ReportConfig,
+    "tokenize": {"seq2seq": TokenizeConfig, "lm": TokenizeConfig},
+    "train": {"seq2seq": TrainConfig, "lm": LMTrainConfig},
+    "evaluate": {"seq2seq": EvaluateConfig, "lm": LMEvaluateConfig},
+    "report": {"seq2seq": ReportConfig, "lm": ReportConfig},
 }
 
 
@@ -185,5 +240,6 @@ def stage_config(params: dict, task: str, stage: str):
     section = params.get(task)
     if not isinstance(section, dict) or stage not in section:
         raise ConfigError(f"{task}.{stage}: missing section")
-    cls = get_task(task).PrepareConfig if stage == "prepare" else STAGE_CONFIGS[stage]
+    module = get_task(task)
+    cls = module.PrepareConfig if stage == "prepare" else STAGE_CONFIGS[stage][module.KIND]
     return from_dict(cls, section[stage], f"{task}.{stage}")

@@ -89,3 +89,21 @@ def collate(pairs: Pairs, indices: list[int], ids: "SpecialIds") -> Batch:
     tgt_in = _pad([[ids.bos] + pairs.tgt[i] for i in indices], ids.pad)  # (B, T)
     tgt_out = _pad([pairs.tgt[i] + [ids.eos] for i in indices], ids.pad)  # (B, T)
     return Batch(src, tgt_in, tgt_out, int((tgt_out != ids.pad).sum()))
+
+
+def text_path(data_dir: str | Path, split: str) -> Path:
+    return Path(data_dir) / f"{split}.txt"
+
+
+def read_text(data_dir: str | Path, split: str) -> str:
+    """A split of a language-modelling task: one plain UTF-8 text."""
+    path = text_path(data_dir, split)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: split not found (run the prepare stage first)")
+    return path.read_text(encoding="utf-8")
+
+
+def read_text_ids(tokenizer, data_dir: str | Path, split: str) -> torch.Tensor:
+    """A text split encoded as one long sequence of ids (no specials): (N,)."""
+    ids = tokenizer.encode(read_text(data_dir, split), add_special_tokens=False).ids
+    return torch.tensor(ids, dtype=torch.long)

@@ -1,7 +1,9 @@
-"""The Noam learning-rate schedule (sec. 5.3) and label smoothing (sec. 5.4).
+"""Learning-rate schedules (Noam, sec. 5.3; cosine), label smoothing (sec. 5.4), AdamW groups.
 
 Dims: N target positions (batch and time flattened), V vocabulary.
 """
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -51,3 +53,24 @@ def label_smoothed_nll(
         rest = logp.sum(dim=1) - gold - logp[:, pad_id]
         loss = loss - smoothing / (V - 2) * rest
     return loss[real].sum(), int(real.sum())
+
+
+def cosine_lr(step: int, lr: float, min_lr: float, warmup: int, total: int) -> float:
+    """Linear warmup to ``lr`` over ``warmup`` steps, then cosine decay to ``min_lr`` at ``total``."""
+    if step < warmup:
+        return lr * step / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (lr - min_lr)
+
+
+def weight_decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """AdamW parameter groups: decay the weight matrices of linear layers only.
+
+    Biases, LayerNorm gains and embeddings (and the generator when it is tied
+    to an embedding) are not decayed.
+    """
+    linear_weights = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Linear)}
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    decay = [p for p in model.parameters() if id(p) in linear_weights and id(p) not in embeddings]
+    keep = [p for p in model.parameters() if id(p) not in {id(q) for q in decay}]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": keep, "weight_decay": 0.0}]

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from lib.checkpoint import atomic_path
 from lib.config import TokenizeConfig
-from lib.data import Pairs, read_split
+from lib.data import Pairs
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS = [PAD, BOS, EOS, UNK]
@@ -27,12 +27,34 @@ class SpecialIds:
 
 
 def train_tokenizer(cfg: TokenizeConfig, texts: Iterable[str]) -> Tokenizer:
-    """Learn a vocabulary from ``texts`` (the training split, never valid/test)."""
-    tokenizer = Tokenizer(models.WordLevel(unk_token=UNK))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    trainer = trainers.WordLevelTrainer(
-        min_frequency=cfg.min_frequency, special_tokens=SPECIAL_TOKENS, show_progress=False
-    )
+    """Learn a vocabulary from ``texts`` (the training split, never valid/test).
+
+    word: whitespace-separated words, decoded joined by spaces. char: every
+    character (newlines and spaces included) a token, decoded by concatenation.
+    bpe: byte-pair merges up to ``vocab_size`` over Metaspace pieces, so that
+    decoding restores the spaces exactly.
+    """
+    if cfg.kind == "word":
+        tokenizer = Tokenizer(models.WordLevel(unk_token=UNK))
+        tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        trainer = trainers.WordLevelTrainer(
+            min_frequency=cfg.min_frequency, special_tokens=SPECIAL_TOKENS, show_progress=False
+        )
+    elif cfg.kind == "char":
+        tokenizer = Tokenizer(models.WordLevel(unk_token=UNK))
+        tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"(?m)."), behavior="isolated")  # (?m): . matches \n
+        tokenizer.decoder = decoders.Fuse()
+        trainer = trainers.WordLevelTrainer(
+            min_frequency=cfg.min_frequency, special_tokens=SPECIAL_TOKENS, show_progress=False
+        )
+    else:  # bpe
+        tokenizer = Tokenizer(models.BPE(unk_token=UNK))
+        tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+        tokenizer.decoder = decoders.Metaspace()
+        trainer = trainers.BpeTrainer(
+            vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency, special_tokens=SPECIAL_TOKENS,
+            show_progress=False,
+        )
     tokenizer.train_from_iterator(texts, trainer=trainer)
     return tokenizer
 
@@ -66,19 +88,11 @@ def decode(tokenizer: Tokenizer, ids: list[list[int]]) -> list[str]:
     return tokenizer.decode_batch(ids, skip_special_tokens=True)
 
 
-def run(cfg: TokenizeConfig, data_dir: str | Path, out_path: str | Path) -> Tokenizer:
-    """The tokenize stage: learn from the training split, save ``tokenizer.json``.
+def run(task: str, cfg: TokenizeConfig, data_dir: str | Path, out_path: str | Path) -> Tokenizer:
+    """The tokenize stage: learn from the task's training text, save ``tokenizer.json``."""
+    from lib.tasks import get_task  # tasks read data through this module: import here
 
-    A task may ship ``alphabet.txt`` in its data directory: symbols it can
-    produce that the training split may lack (cumsum's larger sums). They are
-    counted ``min_frequency`` times so that they always enter the vocabulary.
-    """
-    train = read_split(data_dir, "train")
-    texts = train["src"].tolist() + train["tgt"].tolist()
-    alphabet = Path(data_dir) / "alphabet.txt"
-    if alphabet.is_file():
-        texts += [alphabet.read_text().strip()] * cfg.min_frequency
-    tokenizer = train_tokenizer(cfg, texts)
+    tokenizer = train_tokenizer(cfg, get_task(task).tokenizer_texts(cfg, data_dir))
     special_ids(tokenizer)
     with atomic_path(out_path) as tmp:
         tokenizer.save(str(tmp))

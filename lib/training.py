@@ -1,8 +1,13 @@
-"""The training loop: Adam + Noam warmup + label smoothing + clipping (sec. 5), with resume.
+"""Training loops with resume (sec. 5 of the paper; nanoGPT's recipe for the LM).
 
-Per-step metrics go through dvclive into ``live_dir``; resumable checkpoints
-(weights, optimizer, step, RNG, config, best validation loss) into
-``checkpoint_dir``; the best weights by validation loss into ``model_path``.
+Two flat loops share one scaffold (``Session``): the encoder-decoder trains by
+epochs over token-budget batches with Adam, Noam warmup and label smoothing;
+the decoder-only LM trains by iterations over random contiguous blocks with
+AdamW and a cosine or Noam schedule. Both log per-step metrics through dvclive
+into ``live_dir``, keep resumable checkpoints (weights, optimizer, step, RNG
+states, config, best validation loss) in ``checkpoint_dir``, and write the
+best weights by validation loss to ``model_path``.
+Dims: B batch, T block length, V vocabulary.
 """
 
 import hashlib
@@ -14,16 +19,17 @@ from pathlib import Path
 
 import pandas as pd
 import torch
+import torch.nn.functional as F
 from dvclive import Live
 from tqdm import tqdm
 
 from lib import checkpoint
-from lib.config import ConfigError, TrainConfig
-from lib.data import Pairs, collate, read_split, token_budget_batches
+from lib.config import ConfigError, LMTrainConfig, TrainConfig
+from lib.data import Pairs, collate, read_split, read_text_ids, token_budget_batches
 from lib.masks import padding_mask, target_mask
 from lib.metrics import perplexity
 from lib.model import build_model
-from lib.optim import label_smoothed_nll, noam_lr
+from lib.optim import cosine_lr, label_smoothed_nll, noam_lr, weight_decay_groups
 from lib.tasks import get_task
 from lib.tokenizer import SpecialIds, encode_pairs, load_tokenizer, special_ids
 
@@ -37,6 +43,117 @@ def resolve_device(name: str) -> torch.device:
         raise ConfigError("train.device: 'cuda' requested but no CUDA device is available")
     return torch.device(name)
 
+
+def fingerprint(paths: list[Path]) -> str:
+    """sha256 over the contents of files and directory trees, in a stable order."""
+    digest = hashlib.sha256()
+    for path in paths:
+        files = sorted(p for p in Path(path).rglob("*") if p.is_file()) if Path(path).is_dir() else [Path(path)]
+        for file in files:
+            digest.update(file.name.encode())
+            digest.update(file.read_bytes())
+    return digest.hexdigest()
+
+
+def truncate_curves(live_dir: str | Path, step: int):
+    """Drop metric rows logged after ``step``: a killed run logged past its last checkpoint."""
+    for tsv in (Path(live_dir) / "plots" / "metrics").rglob("*.tsv"):
+        frame = pd.read_csv(tsv, sep="\t")
+        frame[frame["step"] <= step].to_csv(tsv, sep="\t", index=False)
+
+
+class Session:
+    """What both loops share: the model, its optimizer, resumable state, the logger.
+
+    ``state`` holds plain counters (step, best validation loss, and whatever
+    the loop adds); ``generators`` the torch generators whose state a resume
+    must restore. A checkpoint is resumed only when it shares this run's
+    identity: every param but the length of training, and a fingerprint of
+    the data, the tokenizer and this library's code, so that a run after any
+    change that DVC reruns training for starts afresh instead of resuming a
+    stale model. Raising the length (epochs, max_iters) continues training.
+    """
+
+    def __init__(self, task, cfg, length: tuple[str, str], data_dir, tokenizer_path, checkpoint_dir, live_dir,
+                 make_optimizer, state: dict, generators: dict):
+        """``length``: the param that sets how long to train and the state counter it bounds."""
+        length_key, self.progress_key = length
+        self.kind = get_task(task).KIND
+        self.device = resolve_device(cfg.device)
+        self.tokenizer = load_tokenizer(tokenizer_path)
+        self.ids = special_ids(self.tokenizer)
+        self.vocab_size = self.tokenizer.get_vocab_size()
+        torch.manual_seed(cfg.seed)
+        self.model = build_model(cfg.model, self.kind, self.vocab_size, self.vocab_size, joint_vocab=True)
+        self.model.to(self.device)
+        self.optimizer = make_optimizer(self.model)
+        self.state = {"step": 0, "best_valid_loss": math.inf, **state}
+        self.generators = generators
+        self.checkpoint_dir = Path(checkpoint_dir)
+        self.last_path, self.best_path = self.checkpoint_dir / "last.pt", self.checkpoint_dir / "best.pt"
+        config = {k: v for k, v in asdict(cfg).items() if k != length_key}
+        code = sorted(Path(__file__).parent.rglob("*.py"))
+        self.identity = {"config": config, "inputs": fingerprint([Path(data_dir), Path(tokenizer_path), *code])}
+        self.resumed = self._resume(getattr(cfg, length_key), live_dir)
+        if not self.resumed:
+            shutil.rmtree(self.checkpoint_dir, ignore_errors=True)
+            shutil.rmtree(live_dir, ignore_errors=True)
+        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        self.live = Live(dir=str(live_dir), resume=self.resumed, report=None, save_dvc_exp=False, dvcyaml=False)
+
+    def _resume(self, length: int, live_dir) -> bool:
+        if not self.last_path.is_file():
+            return False
+        saved = checkpoint.load(self.last_path, map_location=self.device)
+        if {k: saved.get(k) for k in self.identity} != self.identity or saved[self.progress_key] > length:
+            log.info("%s was trained with other params, data or code; starting afresh", self.last_path)
+            return False
+        self.model.load_state_dict(saved["model"])
+        self.optimizer.load_state_dict(saved["optimizer"])
+        torch.set_rng_state(saved["rng"])
+        for name, generator in self.generators.items():
+            generator.set_state(saved["generators"][name])
+        self.state = {k: saved[k] for k in self.state}
+        truncate_curves(live_dir, self.state["step"])
+        log.info("resuming from %s at step %d", self.last_path, self.state["step"])
+        return True
+
+    def save_last(self):
+        checkpoint.save(
+            {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+             "rng": torch.get_rng_state(), "generators": {k: g.get_state() for k, g in self.generators.items()},
+             **self.state, **self.identity},
+            self.last_path,
+        )
+
+    def log(self, **metrics):
+        self.live.step = self.state["step"]
+        for name, value in metrics.items():
+            self.live.log_metric(name, value)
+
+    def record_validation(self, valid_loss: float, extra: dict):
+        """Log the validation loss; keep the weights when they are the best so far."""
+        self.log(**{"valid/loss": valid_loss, "valid/perplexity": perplexity(valid_loss)})
+        self.live.make_summary()
+        if valid_loss < self.state["best_valid_loss"]:
+            self.state["best_valid_loss"] = valid_loss
+            checkpoint.save_model(self.model, self.kind, self.vocab_size,
+                                  {"step": self.state["step"], "valid_loss": valid_loss, **extra}, self.best_path)
+
+    def finish(self, model_path) -> dict:
+        self.live.end()
+        with checkpoint.atomic_path(model_path) as tmp:
+            shutil.copyfile(self.best_path, tmp)
+        return {"step": self.state["step"], "best_valid_loss": self.state["best_valid_loss"],
+                "resumed": self.resumed}
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float):
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+# --- The encoder-decoder -----------------------------------------------------------------------
 
 def seq2seq_loss(model, batch, ids: SpecialIds, smoothing: float) -> tuple[torch.Tensor, int]:
     """Summed label-smoothed loss of a teacher-forced batch, and its target count."""
@@ -66,95 +183,18 @@ def check_lengths(pairs: Pairs, max_len: int, split: str):
         )
 
 
-def fingerprint(paths: list[Path]) -> str:
-    """sha256 over the contents of files and directory trees, in a stable order."""
-    digest = hashlib.sha256()
-    for path in paths:
-        files = sorted(p for p in Path(path).rglob("*") if p.is_file()) if Path(path).is_dir() else [Path(path)]
-        for file in files:
-            digest.update(file.name.encode())
-            digest.update(file.read_bytes())
-    return digest.hexdigest()
+def train_seq2seq(task, cfg: TrainConfig, data_dir, tokenizer_path, model_path, checkpoint_dir, live_dir) -> dict:
+    def adam(model):
+        return torch.optim.Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9)
 
-
-def run_identity(cfg: TrainConfig, data_dir, tokenizer_path) -> dict:
-    """What a checkpoint must share with this run to be resumed from.
-
-    Everything but ``epochs``: raising it and re-running continues training.
-    The inputs' fingerprint covers the data, the tokenizer and this library's
-    code, so that a run after any change that DVC reruns training for starts
-    afresh instead of resuming a stale model.
-    """
-    config = {k: v for k, v in asdict(cfg).items() if k != "epochs"}
-    code = sorted(Path(__file__).parent.rglob("*.py"))
-    return {"config": config, "inputs": fingerprint([Path(data_dir), Path(tokenizer_path), *code])}
-
-
-def truncate_curves(live_dir: str | Path, step: int):
-    """Drop metric rows logged after ``step``: a killed run logged past its last checkpoint."""
-    for tsv in (Path(live_dir) / "plots" / "metrics").rglob("*.tsv"):
-        frame = pd.read_csv(tsv, sep="\t")
-        frame[frame["step"] <= step].to_csv(tsv, sep="\t", index=False)
-
-
-def _fresh_state() -> dict:
-    return {"step": 0, "epoch": 0, "batches_done": 0, "best_valid_loss": math.inf}
-
-
-def run(
-    task: str,
-    cfg: TrainConfig,
-    data_dir: str | Path,
-    tokenizer_path: str | Path,
-    model_path: str | Path,
-    checkpoint_dir: str | Path,
-    live_dir: str | Path,
-) -> dict:
-    """Train (or resume training) and write the best model; returns a summary."""
-    kind = get_task(task).KIND
-    device = resolve_device(cfg.device)
-    tokenizer = load_tokenizer(tokenizer_path)
-    ids = special_ids(tokenizer)
-    vocab_size = tokenizer.get_vocab_size()
-    train = encode_pairs(tokenizer, read_split(data_dir, "train"))
-    valid = encode_pairs(tokenizer, read_split(data_dir, "valid"))
+    run = Session(task, cfg, ("epochs", "epoch"), data_dir, tokenizer_path, checkpoint_dir, live_dir, adam,
+                  {"epoch": 0, "batches_done": 0}, {})
+    model, optimizer, state, ids, device = run.model, run.optimizer, run.state, run.ids, run.device
+    train = encode_pairs(run.tokenizer, read_split(data_dir, "train"))
+    valid = encode_pairs(run.tokenizer, read_split(data_dir, "valid"))
     check_lengths(train, cfg.model.max_len, "train")
     check_lengths(valid, cfg.model.max_len, "valid")
 
-    torch.manual_seed(cfg.seed)
-    model = build_model(cfg.model, kind, vocab_size, vocab_size, joint_vocab=True).to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9)
-
-    checkpoint_dir = Path(checkpoint_dir)
-    last_path, best_path = checkpoint_dir / "last.pt", checkpoint_dir / "best.pt"
-    identity = run_identity(cfg, data_dir, tokenizer_path)
-    state = _fresh_state()
-    resumed = False
-    if last_path.is_file():
-        saved = checkpoint.load(last_path, map_location=device)
-        if {k: saved.get(k) for k in identity} == identity and saved["epoch"] <= cfg.epochs:
-            model.load_state_dict(saved["model"])
-            optimizer.load_state_dict(saved["optimizer"])
-            torch.set_rng_state(saved["rng"])
-            state = {k: saved[k] for k in state}
-            resumed = True
-            truncate_curves(live_dir, state["step"])
-            log.info("resuming from %s at step %d", last_path, state["step"])
-        else:
-            log.info("%s was trained with other params or data; starting afresh", last_path)
-    if not resumed:
-        shutil.rmtree(checkpoint_dir, ignore_errors=True)
-        shutil.rmtree(live_dir, ignore_errors=True)
-    checkpoint_dir.mkdir(parents=True, exist_ok=True)
-
-    def save_last():
-        checkpoint.save(
-            {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": torch.get_rng_state(),
-             **state, **identity},
-            last_path,
-        )
-
-    live = Live(dir=str(live_dir), resume=resumed, report=None, save_dvc_exp=False, dvcyaml=False)
     model.train()
     while state["epoch"] < cfg.epochs:
         epoch = state["epoch"]
@@ -166,38 +206,110 @@ def run(
             batch = collate(train, indices, ids).to(device)
             state["step"] += 1
             lr = noam_lr(state["step"], cfg.model.d_model, cfg.warmup, cfg.lr_factor)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
+            set_lr(optimizer, lr)
             loss_sum, n_tokens = seq2seq_loss(model, batch, ids, cfg.label_smoothing)
             loss = loss_sum / n_tokens
             loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm)
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm, foreach=True)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
-            live.step = state["step"]
-            live.log_metric("train/loss", loss.item())
-            live.log_metric("train/lr", lr)
-            live.log_metric("train/grad_norm", grad_norm.item())
+            run.log(**{"train/loss": loss.item(), "train/lr": lr, "train/grad_norm": grad_norm.item()})
             progress.set_postfix(loss=f"{loss.item():.3f}", lr=f"{lr:.2e}")
             state["batches_done"] += 1
             if state["step"] % cfg.checkpoint_every == 0:
-                save_last()
+                run.save_last()
 
         valid_loss = mean_loss(model, valid, ids, cfg.max_tokens, device)
-        live.log_metric("valid/loss", valid_loss)
-        live.log_metric("valid/perplexity", perplexity(valid_loss))
-        live.log_metric("epoch", epoch + 1)
-        live.make_summary()
         log.info("epoch %d: valid loss %.4f", epoch + 1, valid_loss)
-        if valid_loss < state["best_valid_loss"]:
-            state["best_valid_loss"] = valid_loss
-            checkpoint.save_model(model, kind, vocab_size, {"step": state["step"], "valid_loss": valid_loss},
-                                  best_path)
+        run.log(epoch=epoch + 1)
+        run.record_validation(valid_loss, {})
         state.update(epoch=epoch + 1, batches_done=0)
-        save_last()
-    live.end()
+        run.save_last()
+    return run.finish(model_path)
 
-    with checkpoint.atomic_path(model_path) as tmp:
-        shutil.copyfile(best_path, tmp)
-    return {"step": state["step"], "best_valid_loss": state["best_valid_loss"], "resumed": resumed}
+
+# --- The decoder-only language model -------------------------------------------------------------
+
+def random_blocks(ids: torch.Tensor, batch_size: int, block_size: int, generator: torch.Generator):
+    """B random contiguous blocks: inputs (B, T) and targets, the same shifted by one (B, T)."""
+    starts = torch.randint(len(ids) - block_size, (batch_size,), generator=generator)  # (B,)
+    window = starts[:, None] + torch.arange(block_size + 1)  # (B, T + 1)
+    tokens = ids[window]  # (B, T + 1)
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def lm_loss(model, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy (no smoothing: it is a likelihood we report)."""
+    logits = model(x)  # (B, T, V)
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1))
+
+
+@torch.no_grad()
+def estimate_loss(model, batches: list[tuple[torch.Tensor, torch.Tensor]], device) -> float:
+    was_training = model.training
+    model.eval()
+    losses = [lm_loss(model, x.to(device), y.to(device)).item() for x, y in batches]
+    model.train(was_training)
+    return sum(losses) / len(losses)
+
+
+def lm_lr(step: int, cfg: LMTrainConfig) -> float:
+    if cfg.schedule == "cosine":
+        return cosine_lr(step, cfg.lr, cfg.min_lr, cfg.warmup, cfg.max_iters)
+    # Noam with its factor chosen so that the peak, at step == warmup, is cfg.lr.
+    factor = cfg.lr * cfg.model.d_model**0.5 * cfg.warmup**0.5
+    return noam_lr(step, cfg.model.d_model, cfg.warmup, factor)
+
+
+def train_lm(task, cfg: LMTrainConfig, data_dir, tokenizer_path, model_path, checkpoint_dir, live_dir) -> dict:
+    def adamw(model):
+        groups = weight_decay_groups(model, cfg.weight_decay)
+        return torch.optim.AdamW(groups, lr=0.0, betas=(0.9, cfg.beta2), fused=True)
+
+    sampler = torch.Generator().manual_seed(cfg.seed)
+    run = Session(task, cfg, ("max_iters", "step"), data_dir, tokenizer_path, checkpoint_dir, live_dir, adamw, {},
+                  {"sampler": sampler})
+    model, optimizer, state, device = run.model, run.optimizer, run.state, run.device
+    train = read_text_ids(run.tokenizer, data_dir, "train")
+    valid = read_text_ids(run.tokenizer, data_dir, "valid")
+    for split, ids in (("train", train), ("valid", valid)):
+        if len(ids) <= cfg.block_size:
+            raise ConfigError(f"train.block_size: {cfg.block_size} is not shorter than the {split} split "
+                              f"({len(ids)} tokens)")
+    # The same batches at every estimate, so that the curves move only with the model.
+    fixed = torch.Generator().manual_seed(cfg.seed + 1)
+    eval_sets = {name: [random_blocks(ids, cfg.batch_size, cfg.block_size, fixed) for _ in range(cfg.eval_batches)]
+                 for name, ids in (("train", train), ("valid", valid))}
+
+    model.train()
+    progress = tqdm(range(state["step"], cfg.max_iters), initial=state["step"], total=cfg.max_iters, leave=False)
+    for _ in progress:
+        state["step"] += 1
+        step = state["step"]
+        lr = lm_lr(step, cfg)
+        set_lr(optimizer, lr)
+        x, y = random_blocks(train, cfg.batch_size, cfg.block_size, sampler)
+        loss = lm_loss(model, x.to(device), y.to(device))
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm, foreach=True)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+        run.log(**{"train/loss": loss.item(), "train/lr": lr, "train/grad_norm": grad_norm.item()})
+        progress.set_postfix(loss=f"{loss.item():.3f}", lr=f"{lr:.2e}")
+        if step % cfg.eval_every == 0 or step == cfg.max_iters:
+            train_loss = estimate_loss(model, eval_sets["train"], device)
+            valid_loss = estimate_loss(model, eval_sets["valid"], device)
+            log.info("step %d: train loss %.4f, valid loss %.4f", step, train_loss, valid_loss)
+            run.log(**{"eval/train_loss": train_loss})
+            run.record_validation(valid_loss, {"block_size": cfg.block_size})
+        if step % cfg.checkpoint_every == 0 or step == cfg.max_iters:
+            run.save_last()
+    return run.finish(model_path)
+
+
+def run(task, cfg, data_dir, tokenizer_path, model_path, checkpoint_dir, live_dir) -> dict:
+    """The train stage: the loop that fits the task's kind."""
+    loop = train_lm if get_task(task).KIND == "lm" else train_seq2seq
+    return loop(task, cfg, data_dir, tokenizer_path, model_path, checkpoint_dir, live_dir)

@@ -5,7 +5,7 @@ from lib.tokenizer import run
 
 
 def main(argv=None):
-    stage_main("tokenize", ["data", "out"], lambda task, cfg, a: run(cfg, a.data, a.out), argv)
+    stage_main("tokenize", ["data", "out"], lambda task, cfg, a: run(task, cfg, a.data, a.out), argv)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ def built(tmp_path_factory):
     }
     cfg = lambda stage: stage_config(params, "cumsum", stage)  # noqa: E731
     run_prepare("cumsum", cfg("prepare"), p["data"])
-    tokenizer.run(cfg("tokenize"), p["data"], p["tokenizer"])
+    tokenizer.run("cumsum", cfg("tokenize"), p["data"], p["tokenizer"])
     p["summary"] = training.run("cumsum", cfg("train"), p["data"], p["tokenizer"], p["model"],
                                 p["checkpoints"], p["live"])
     p["scores"] = evaluation.run("cumsum", cfg("evaluate"), p["data"], p["tokenizer"], p["model"],

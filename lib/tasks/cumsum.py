@@ -12,6 +12,7 @@ import pandas as pd
 import torch
 
 from lib.config import require
+from lib.data import read_split
 
 KIND = "seq2seq"
 
@@ -81,6 +82,17 @@ def prepare(cfg: PrepareConfig, out_dir: Path):
     # longer test sequences never meet an unknown token.
     alphabet = " ".join(str(n) for n in range(9 * cfg.vocab_length + 1))
     (out_dir / "alphabet.txt").write_text(alphabet + "\n")
+
+
+def tokenizer_texts(cfg, data_dir: Path) -> list[str]:
+    """Training sources and targets, plus every sum the task can produce.
+
+    The alphabet line is repeated ``min_frequency`` times so that sums longer
+    than any training sequence reaches still enter the vocabulary.
+    """
+    train = read_split(data_dir, "train")
+    alphabet = (Path(data_dir) / "alphabet.txt").read_text().strip()
+    return train["src"].tolist() + train["tgt"].tolist() + [alphabet] * cfg.min_frequency
 
 
 def score(hypotheses: list[str], references: list[str]) -> dict:
