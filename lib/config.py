@@ -209,12 +209,20 @@ class ReportConfig:
         require(self.n_attention_examples > 0, "n_attention_examples", "must be > 0")
 
 
+@dataclasses.dataclass(frozen=True)
+class LMReportConfig:
+    passage_tokens: int  # length of the validation passage drawn as self-attention heatmaps
+
+    def __post_init__(self):
+        require(self.passage_tokens > 1, "passage_tokens", "must be > 1")
+
+
 # The config class of each stage, by the task's kind (seq2seq or lm).
 STAGE_CONFIGS = {
     "tokenize": {"seq2seq": TokenizeConfig, "lm": TokenizeConfig},
     "train": {"seq2seq": TrainConfig, "lm": LMTrainConfig},
     "evaluate": {"seq2seq": EvaluateConfig, "lm": LMEvaluateConfig},
-    "report": {"seq2seq": ReportConfig, "lm": ReportConfig},
+    "report": {"seq2seq": ReportConfig, "lm": LMReportConfig},
 }
 
 

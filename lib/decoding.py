@@ -1,6 +1,6 @@
-"""Decoding a trained encoder-decoder: batched greedy search.
+"""Decoding: batched greedy search for the encoder-decoder, sampling for the LM.
 
-Dims: B sentences, S source length, T tokens produced so far.
+Dims: B sentences, S source length, T tokens produced so far, V vocabulary.
 """
 
 import torch
@@ -41,3 +41,38 @@ def greedy_decode(model, src: torch.Tensor, ids: SpecialIds, max_new_tokens: tor
             tokens.append(token)
         results.append(tokens)
     return results
+
+
+@torch.no_grad()
+def sample(
+    model,
+    prompt: list[int],
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int,
+    generator: torch.Generator,
+    block_size: int,
+) -> list[int]:
+    """Continue ``prompt`` by sampling from the LM, one token at a time.
+
+    Logits are divided by ``temperature``; with ``top_k`` > 0 only the k
+    likeliest tokens may be drawn. The model sees at most the last
+    ``block_size`` tokens. ``generator`` (on the CPU) makes it reproducible.
+    Returns the prompt followed by the new tokens.
+    """
+    device = next(model.parameters()).device
+    ids = torch.tensor([prompt], dtype=torch.long, device=device)  # (1, T)
+    for _ in range(max_new_tokens):
+        logits = model(ids[:, -block_size:])[0, -1] / temperature  # (V,)
+        probs = torch.softmax(top_k_filter(logits, top_k).float(), dim=-1).cpu()
+        next_token = torch.multinomial(probs, 1, generator=generator).to(device)  # (1,)
+        ids = torch.cat([ids, next_token[None]], dim=1)  # (1, T + 1)
+    return ids[0].tolist()
+
+
+def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Keep the k largest logits (ties at the k-th included), -inf elsewhere; k = 0 keeps all."""
+    if k <= 0 or k >= logits.size(-1):
+        return logits
+    kth = torch.topk(logits, k, dim=-1).values[..., -1:]
+    return logits.masked_fill(logits < kth, float("-inf"))

@@ -1,16 +1,23 @@
-"""The evaluate stage: test loss, greedy translations, the task's scores, samples."""
+"""The evaluate stage: held-out loss, decoded outputs, the task's scores, samples.
+
+seq2seq: test loss and perplexity, greedy translations scored by the task.
+lm: validation loss over the whole split, bits per character, perplexity,
+and samples continuing a few prompts.
+"""
 
 import json
+import math
 from pathlib import Path
 
 import pandas as pd
 import torch
+import torch.nn.functional as F
 
 from lib import checkpoint
 from lib.checkpoint import atomic_path
-from lib.config import EvaluateConfig
-from lib.data import collate, read_split, token_budget_batches
-from lib.decoding import greedy_decode
+from lib.config import EvaluateConfig, LMEvaluateConfig
+from lib.data import collate, read_split, read_text, token_budget_batches
+from lib.decoding import greedy_decode, sample
 from lib.metrics import perplexity
 from lib.tasks import get_task
 from lib.tokenizer import decode, encode_pairs, load_tokenizer, special_ids
@@ -29,15 +36,14 @@ def translate(model, pairs, ids, tokenizer, cfg: EvaluateConfig, device) -> list
     return hypotheses
 
 
-def run(
-    task: str,
-    cfg: EvaluateConfig,
-    data_dir: str | Path,
-    tokenizer_path: str | Path,
-    model_path: str | Path,
-    metrics_path: str | Path,
-    samples_path: str | Path,
-) -> dict:
+def write_outputs(metrics: dict, samples: pd.DataFrame, metrics_path, samples_path):
+    with atomic_path(samples_path) as tmp:
+        samples.to_json(tmp, orient="records", lines=True, force_ascii=False)
+    with atomic_path(metrics_path) as tmp:
+        tmp.write_text(json.dumps(metrics, indent=2) + "\n")
+
+
+def evaluate_seq2seq(task, cfg: EvaluateConfig, data_dir, tokenizer_path, model_path, metrics_path, samples_path):
     device = torch.device("cpu")
     tokenizer = load_tokenizer(tokenizer_path)
     ids = special_ids(tokenizer)
@@ -58,8 +64,50 @@ def run(
         {"source": test["src"], "reference": references, "greedy": hypotheses,
          "correct": [h == r for h, r in zip(hypotheses, references)]}
     ).head(cfg.n_samples)
-    with atomic_path(samples_path) as tmp:
-        samples.to_csv(tmp, sep="\t", index=False)
-    with atomic_path(metrics_path) as tmp:
-        tmp.write_text(json.dumps(metrics, indent=2) + "\n")
+    write_outputs(metrics, samples, metrics_path, samples_path)
     return metrics
+
+
+@torch.no_grad()
+def split_loss(model, ids: torch.Tensor, block_size: int, batch_size: int = 32) -> float:
+    """Mean next-token cross-entropy over a whole split, cut into consecutive blocks."""
+    n_blocks = (len(ids) - 1) // block_size
+    starts = torch.arange(n_blocks) * block_size
+    window = starts[:, None] + torch.arange(block_size + 1)  # (N, T + 1)
+    total = 0.0
+    for chunk in window.split(batch_size):
+        tokens = ids[chunk]  # (B, T + 1)
+        logits = model(tokens[:, :-1])  # (B, T, V)
+        total += F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), tokens[:, 1:].reshape(-1),
+                                 reduction="sum").item()
+    return total / (n_blocks * block_size)
+
+
+def evaluate_lm(task, cfg: LMEvaluateConfig, data_dir, tokenizer_path, model_path, metrics_path, samples_path):
+    tokenizer = load_tokenizer(tokenizer_path)
+    model, state = checkpoint.load_model(model_path)
+    text = read_text(data_dir, "valid")
+    ids = torch.tensor(tokenizer.encode(text, add_special_tokens=False).ids, dtype=torch.long)
+    loss = split_loss(model, ids, state["block_size"])
+    chars_per_token = len(text) / len(ids)
+    metrics = {
+        "n_valid_tokens": len(ids),
+        "loss": loss,
+        "perplexity": perplexity(loss),
+        "bits_per_char": loss / math.log(2) / chars_per_token,
+    }
+    generator = torch.Generator().manual_seed(cfg.seed)
+    rows = []
+    for prompt in cfg.prompts:
+        prompt_ids = tokenizer.encode(prompt, add_special_tokens=False).ids
+        out = sample(model, prompt_ids, cfg.max_new_tokens, cfg.temperature, cfg.top_k, generator,
+                     state["block_size"])
+        rows.append({"prompt": prompt, "sample": tokenizer.decode(out[len(prompt_ids):])})
+    write_outputs(metrics, pd.DataFrame(rows), metrics_path, samples_path)
+    return metrics
+
+
+def run(task, cfg, data_dir, tokenizer_path, model_path, metrics_path, samples_path) -> dict:
+    """The evaluate stage, for the task's kind."""
+    evaluate = evaluate_lm if get_task(task).KIND == "lm" else evaluate_seq2seq
+    return evaluate(task, cfg, data_dir, tokenizer_path, model_path, metrics_path, samples_path)

@@ -62,6 +62,10 @@ def truncate_curves(live_dir: str | Path, step: int):
         frame[frame["step"] <= step].to_csv(tsv, sep="\t", index=False)
 
 
+class DivergedError(ValueError):
+    """The loss became NaN or infinite; the message names the step and the likely cause."""
+
+
 class Session:
     """What both loops share: the model, its optimizer, resumable state, the logger.
 
@@ -125,6 +129,16 @@ class Session:
              **self.state, **self.identity},
             self.last_path,
         )
+
+    def check_finite(self, loss: torch.Tensor, lr_param: str):
+        """Stop on a NaN or infinite loss, before the optimizer step spreads it into the weights."""
+        if not torch.isfinite(loss):
+            kept = f"the last good checkpoint, {self.last_path}, is kept" if self.last_path.is_file() else \
+                "no checkpoint was written yet"
+            raise DivergedError(
+                f"training diverged at step {self.state['step']}: the loss is {loss.item()}. The likely cause is "
+                f"a learning rate too high for this model (train.{lr_param}, train.warmup); {kept}"
+            )
 
     def log(self, **metrics):
         self.live.step = self.state["step"]
@@ -209,6 +223,7 @@ def train_seq2seq(task, cfg: TrainConfig, data_dir, tokenizer_path, model_path, 
             set_lr(optimizer, lr)
             loss_sum, n_tokens = seq2seq_loss(model, batch, ids, cfg.label_smoothing)
             loss = loss_sum / n_tokens
+            run.check_finite(loss, "lr_factor")
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm, foreach=True)
             optimizer.step()
@@ -291,6 +306,7 @@ def train_lm(task, cfg: LMTrainConfig, data_dir, tokenizer_path, model_path, che
         set_lr(optimizer, lr)
         x, y = random_blocks(train, cfg.batch_size, cfg.block_size, sampler)
         loss = lm_loss(model, x.to(device), y.to(device))
+        run.check_finite(loss, "lr")
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm, foreach=True)
         optimizer.step()

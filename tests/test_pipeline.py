@@ -46,7 +46,7 @@ def test_dvc_repro_end_to_end(tmp_path):
     first = sh(dvc, "repro", cwd=repo, env=env)
     assert stages_run(first) == {f"{s}@cumsum" for s in ("prepare", "tokenize", "train", "evaluate", "report")}
     for path in ("data/cumsum/train.parquet", "models/cumsum/tokenizer.json", "models/cumsum/model.pt",
-                 "reports/cumsum/metrics.json", "reports/cumsum/samples.tsv", "reports/cumsum/report.md",
+                 "reports/cumsum/metrics.json", "reports/cumsum/samples.jsonl", "reports/cumsum/report.md",
                  "reports/cumsum/figures/loss.png", "reports/cumsum/figures/cross_attention_1.png"):
         assert (repo / path).is_file(), path
 

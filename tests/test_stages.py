@@ -28,7 +28,7 @@ def built(tmp_path_factory):
         "data": root / "data", "tokenizer": root / "models" / "tokenizer.json",
         "model": root / "models" / "model.pt", "checkpoints": root / "models" / "checkpoints",
         "live": root / "reports" / "train", "metrics": root / "reports" / "metrics.json",
-        "samples": root / "reports" / "samples.tsv", "report": root / "reports" / "report.md",
+        "samples": root / "reports" / "samples.jsonl", "report": root / "reports" / "report.md",
         "figures": root / "reports" / "figures",
     }
     cfg = lambda stage: stage_config(params, "cumsum", stage)  # noqa: E731
@@ -70,13 +70,13 @@ def test_evaluate_writes_metrics_and_samples(built):
     assert metrics["n_test"] == 60
     assert 0.0 <= metrics["greedy"]["exact_match"] <= 1.0
     assert metrics["perplexity"] > 1.0
-    samples = pd.read_csv(built["samples"], sep="\t", dtype=str, keep_default_na=False)
+    samples = pd.read_json(built["samples"], lines=True)
     assert list(samples.columns) == ["source", "reference", "greedy", "correct"] and len(samples) == 10
 
 
 def test_report_links_only_existing_pngs(built):
     text = built["report"].read_text()
-    assert "## Test metrics" in text and "greedy.exact_match" in text
+    assert "## Metrics" in text and "greedy.exact_match" in text
     links = [line.split("](")[1].rstrip(")") for line in text.splitlines() if line.startswith("![")]
     assert len(links) == 1 + 2  # the loss curve and n_attention_examples heatmaps
     for link in links:
@@ -142,3 +142,22 @@ def test_killed_training_resumes_bit_identical(tmp_path, built, tiny_params):
     curve = lambda d: pd.read_csv(d / "live" / "plots" / "metrics" / "train" / "loss.tsv", sep="\t")  # noqa: E731
     assert curve(killed)["step"].tolist() == curve(straight)["step"].tolist()
     assert curve(killed)["loss"].tolist() == curve(straight)["loss"].tolist()
+
+
+def test_divergence_stops_with_the_step_and_keeps_the_checkpoint(tmp_path, built, tiny_params):
+    train = tiny_params["cumsum"]["train"]
+    train.update(epochs=3, lr_factor=1e30, checkpoint_every=1)  # absurd: the weights overflow
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(tiny_params))
+    result = subprocess.run(
+        [sys.executable, "-m", "stages.train", "cumsum", "--params", str(params), "--data", str(built["data"]),
+         "--tokenizer", str(built["tokenizer"]), "--model", str(tmp_path / "model.pt"),
+         "--checkpoints", str(tmp_path / "ckpt"), "--live", str(tmp_path / "live")],
+        cwd=ROOT, capture_output=True, text=True,
+    )
+    assert result.returncode == 2
+    assert "training diverged at step" in result.stderr and "train.lr_factor" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "model.pt").exists()
+    last = checkpoint.load(tmp_path / "ckpt" / "last.pt")  # still loads: written before the bad step
+    assert all(torch.isfinite(t).all() for t in last["model"].values())

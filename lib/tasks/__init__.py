@@ -11,7 +11,7 @@ from pathlib import Path
 
 from lib.config import ConfigError
 
-TASKS = ("cumsum",)
+TASKS = ("cumsum", "shakespeare")
 
 
 def get_task(name: str):

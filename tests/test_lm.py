@@ -1,0 +1,131 @@
+"""The decoder-only LM task: split, blocks, weight decay groups, sampling, and its stages."""
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from lib import evaluation, reporting, tokenizer, training
+from lib.config import ConfigError, LMEvaluateConfig, LMReportConfig, LMTrainConfig, TokenizeConfig, from_dict
+from lib.decoding import sample, top_k_filter
+from lib.model import TransformerLM
+from lib.optim import cosine_lr, weight_decay_groups
+from lib.tasks import run_prepare, shakespeare
+from tests.conftest import model_config
+
+PLAY = "".join(
+    f"{name}:\nWhat say you, {other}, to this {thing}?\nI say the {thing} is fair.\n\n"
+    for name, other, thing in [("ROMEO", "friar", "night"), ("JULIET", "nurse", "day"), ("FRIAR", "boy", "rose")] * 12
+)
+
+
+@pytest.fixture(scope="module")
+def lm_built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lm")
+    source = root / "play.txt"
+    source.write_text(PLAY)
+    p = {"data": root / "data", "tok": root / "tok.json", "model": root / "model.pt", "ckpt": root / "ckpt",
+         "live": root / "live", "metrics": root / "metrics.json", "samples": root / "samples.jsonl",
+         "report": root / "report.md", "figures": root / "figures", "source": source}
+    run_prepare("shakespeare", shakespeare.PrepareConfig(source=str(source), train_fraction=0.9), p["data"])
+    tokenizer.run("shakespeare", TokenizeConfig(kind="char", min_frequency=1), p["data"], p["tok"])
+    cfg = LMTrainConfig(seed=0, device="cpu", max_iters=60, batch_size=8, block_size=16, schedule="cosine", lr=3e-3,
+                        min_lr=3e-4, warmup=10, weight_decay=0.1, beta2=0.99, clip_norm=1.0, eval_every=20,
+                        eval_batches=2, checkpoint_every=20,
+                        model=model_config(encoder_layers=0, decoder_layers=2, norm_first=True, tie_embeddings=True,
+                                           max_len=16))
+    p["summary"] = training.run("shakespeare", cfg, p["data"], p["tok"], p["model"], p["ckpt"], p["live"])
+    eval_cfg = LMEvaluateConfig(prompts=("ROMEO:\n", "JU"), max_new_tokens=30, temperature=0.8, top_k=5, seed=0)
+    p["metrics_dict"] = evaluation.run("shakespeare", eval_cfg, p["data"], p["tok"], p["model"], p["metrics"],
+                                       p["samples"])
+    reporting.run("shakespeare", LMReportConfig(passage_tokens=12), p["data"], p["tok"], p["model"], p["metrics"],
+                  p["samples"], p["live"], p["report"], p["figures"])
+    return p
+
+
+def test_split_is_90_10_by_characters(lm_built):
+    train = (lm_built["data"] / "train.txt").read_text()
+    valid = (lm_built["data"] / "valid.txt").read_text()
+    assert train + valid == PLAY
+    assert len(train) == int(len(PLAY) * 0.9)
+
+
+def test_missing_source_is_named():
+    with pytest.raises(ConfigError, match=r"source: nowhere/input.txt: no such file"):
+        from_dict(shakespeare.PrepareConfig, {"source": "nowhere/input.txt", "train_fraction": 0.9},
+                  "shakespeare.prepare")
+
+
+def test_char_tokenizer_round_trips_spaces_and_newlines(lm_built):
+    tok = tokenizer.load_tokenizer(lm_built["tok"])
+    text = "ROMEO:\nWhat say  you?\n\n"
+    ids = tok.encode(text, add_special_tokens=False).ids
+    assert len(ids) == len(text) and tok.decode(ids) == text
+    assert tokenizer.special_ids(tok).pad is not None
+
+
+def test_blocks_are_contiguous_and_targets_shift_by_one():
+    ids = torch.arange(100)
+    x, y = training.random_blocks(ids, 6, 10, torch.Generator().manual_seed(0))
+    assert x.shape == y.shape == (6, 10)
+    assert torch.equal(x[:, 1:] - x[:, :-1], torch.ones(6, 9, dtype=torch.long))
+    assert torch.equal(y, x + 1)
+    assert int(y.max()) <= 99
+
+
+def test_weight_decay_only_on_linear_weights():
+    model = TransformerLM(model_config(tie_embeddings=True), 30)
+    decay, keep = weight_decay_groups(model, 0.1)
+    names = {id(p): n for n, p in model.named_parameters()}
+    decayed = {names[id(p)] for p in decay["params"]}
+    assert decay["weight_decay"] == 0.1 and keep["weight_decay"] == 0.0
+    assert decayed and all(n.endswith("weight") and ("proj" in n or "linear" in n) for n in decayed)
+    kept = {names[id(p)] for p in keep["params"]}
+    assert "embed.tokens.weight" in kept  # tied with the generator: not decayed
+    assert all(n in kept for n in names.values() if n.endswith("bias") or "norm" in n)
+    assert len(decayed) + len(kept) == len(list(model.parameters()))
+
+
+def test_cosine_schedule():
+    assert cosine_lr(0, 1.0, 0.1, 10, 110) == 0.0
+    assert cosine_lr(10, 1.0, 0.1, 10, 110) == pytest.approx(1.0)
+    assert cosine_lr(60, 1.0, 0.1, 10, 110) == pytest.approx(0.55)
+    assert cosine_lr(110, 1.0, 0.1, 10, 110) == pytest.approx(0.1)
+
+
+def test_top_k_filter_keeps_the_k_largest():
+    logits = torch.tensor([0.1, 2.0, -1.0, 3.0, 0.5])
+    kept = torch.isfinite(top_k_filter(logits, 2))
+    assert kept.tolist() == [False, True, False, True, False]
+    assert torch.equal(top_k_filter(logits, 0), logits)
+
+
+def test_sampling_is_seeded_and_stays_in_the_top_k():
+    model = TransformerLM(model_config(max_len=32), 20).eval()
+    draw = lambda seed, k: sample(model, [1, 2, 3], 12, 1.5, k, torch.Generator().manual_seed(seed), 32)  # noqa: E731
+    assert draw(7, 4) == draw(7, 4)
+    assert draw(7, 0) != draw(8, 0)
+    out = draw(3, 4)
+    for t in range(3, len(out)):
+        logits = model(torch.tensor([out[:t]]))[0, -1]
+        assert out[t] in torch.topk(logits, 4).indices.tolist()
+    greedy = draw(0, 1)
+    for t in range(3, len(greedy)):
+        assert greedy[t] == int(model(torch.tensor([greedy[:t]]))[0, -1].argmax())
+
+
+def test_lm_stages_write_metrics_samples_and_report(lm_built):
+    metrics = json.loads(lm_built["metrics"].read_text())
+    assert set(metrics) == {"n_valid_tokens", "loss", "perplexity", "bits_per_char"}
+    assert metrics["bits_per_char"] == pytest.approx(metrics["loss"] / 0.6931471805599453)  # chars = tokens
+    assert metrics["loss"] < 3.0  # far below uniform over the alphabet (ln 30 = 3.4)
+    samples = pd.read_json(lm_built["samples"], lines=True)
+    assert samples["prompt"].tolist() == ["ROMEO:\n", "JU"] and all(len(s) == 30 for s in samples["sample"])
+    curve = pd.read_csv(lm_built["live"] / "plots" / "metrics" / "valid" / "loss.tsv", sep="\t")
+    assert curve["step"].tolist() == [20, 40, 60]
+    text = lm_built["report"].read_text()
+    for link in [line.split("](")[1].rstrip(")") for line in text.splitlines() if line.startswith("![")]:
+        assert Path(lm_built["report"].parent / link).read_bytes()[:4] == b"\x89PNG"
+    assert "self_attention.png" in text and "```" in text
