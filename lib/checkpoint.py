@@ -1,6 +1,7 @@
 """Atomic writes and the one helper that loads checkpoints and models (weights only)."""
 
 import os
+import pickle
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -39,8 +40,12 @@ def load(path: str | Path, map_location="cpu") -> dict:
         raise FileNotFoundError(f"{path}: not found (run the train stage first)")
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
-    except (RuntimeError, EOFError, OSError, ValueError) as err:
-        raise ValueError(f"{path}: not a readable checkpoint ({err})") from err
+    except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError) as err:
+        # torch's own message suggests weights_only=False: wrong advice for a corrupt file.
+        raise ValueError(
+            f"{path}: not a readable checkpoint (corrupt, truncated, or not written by this project: "
+            f"{type(err).__name__}); re-run the train stage"
+        ) from None
 
 
 def save_model(model, kind: str, vocab_size: int, extra: dict, path: str | Path):

@@ -66,6 +66,17 @@ def from_dict(cls, raw, key: str):
         raise ConfigError(f"{key}.{err}") from None
 
 
+def flatten(nested: dict, prefix: str = "") -> dict:
+    """{"model": {"d_model": 8}} -> {"model.d_model": 8}"""
+    flat = {}
+    for key, value in nested.items():
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
 def require(condition: bool, field: str, message: str):
     """Validation step for __post_init__: from_dict prefixes the section's key."""
     if not condition:

@@ -15,21 +15,11 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
 from lib import checkpoint  # noqa: E402
+from lib.config import flatten  # noqa: E402
 from lib.data import collate, read_split, read_text  # noqa: E402
 from lib.masks import padding_mask, target_mask  # noqa: E402
 from lib.tasks import get_task  # noqa: E402
 from lib.tokenizer import encode_pairs, load_tokenizer, special_ids  # noqa: E402
-
-
-def flatten(metrics: dict, prefix: str = "") -> dict:
-    """{"greedy": {"bleu": 1}} -> {"greedy.bleu": 1}"""
-    flat = {}
-    for key, value in metrics.items():
-        if isinstance(value, dict):
-            flat.update(flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 def metrics_table(metrics: dict) -> str:
@@ -49,7 +39,8 @@ def read_curve(live_dir: Path, name: str) -> pd.DataFrame | None:
 
 
 def plot_losses(live_dir: Path, out: Path):
-    fig, ax = plt.subplots(figsize=(7, 4))
+    """Training and validation loss (left) and the learning-rate schedule (right)."""
+    fig, (ax, ax_lr) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [3, 2]})
     train = read_curve(live_dir, "train/loss")
     # Per-step losses are noisy: show a running mean over ~1% of the run.
     window = max(1, len(train) // 100)
@@ -61,6 +52,11 @@ def plot_losses(live_dir: Path, out: Path):
     ax.set(xlabel="step", ylabel="loss (nats per token)", yscale="log", title="Training and validation loss")
     ax.grid(alpha=0.3)
     ax.legend()
+    lr = read_curve(live_dir, "train/lr")
+    ax_lr.plot(lr["step"], lr["value"], color="tab:purple")
+    ax_lr.set(xlabel="step", ylabel="learning rate", title="Learning-rate schedule")
+    ax_lr.ticklabel_format(axis="y", style="sci", scilimits=(0, 0))
+    ax_lr.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
@@ -148,7 +144,7 @@ def run(task, cfg, data_dir, tokenizer_path, model_path, metrics_path, samples_p
         f"# {task}: report", "",
         f"Best model: step {state['step']}, validation loss {state['valid_loss']:.4f}.", "",
         "## Metrics", "", metrics_table(metrics), "",
-        "## Loss", "", f"![loss curves]({rel}/loss.png)", "",
+        "## Training curves", "", f"![loss curves and learning rate]({rel}/loss.png)", "",
     ]
     sections = lm_sections if get_task(task).KIND == "lm" else seq2seq_sections
     lines += sections(cfg, data_dir, tokenizer, model, samples, figures_dir, rel)

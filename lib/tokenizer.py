@@ -63,7 +63,10 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: tokenizer not found (run the tokenize stage first)")
-    return Tokenizer.from_file(str(path))
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as err:  # noqa: BLE001 - tokenizers raises a bare Exception for a bad file
+        raise ValueError(f"{path}: not a readable tokenizer.json ({err}); re-run the tokenize stage") from None
 
 
 def special_ids(tokenizer: Tokenizer) -> SpecialIds:

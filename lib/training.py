@@ -24,7 +24,7 @@ from dvclive import Live
 from tqdm import tqdm
 
 from lib import checkpoint
-from lib.config import ConfigError, LMTrainConfig, TrainConfig
+from lib.config import ConfigError, LMTrainConfig, TrainConfig, flatten
 from lib.data import Pairs, collate, read_split, read_text_ids, token_budget_batches
 from lib.masks import padding_mask, target_mask
 from lib.metrics import perplexity
@@ -109,8 +109,9 @@ class Session:
         if not self.last_path.is_file():
             return False
         saved = checkpoint.load(self.last_path, map_location=self.device)
-        if {k: saved.get(k) for k in self.identity} != self.identity or saved[self.progress_key] > length:
-            log.info("%s was trained with other params, data or code; starting afresh", self.last_path)
+        reason = self._mismatch(saved, length)
+        if reason:
+            log.info("%s: %s; starting afresh", self.last_path, reason)
             return False
         self.model.load_state_dict(saved["model"])
         self.optimizer.load_state_dict(saved["optimizer"])
@@ -121,6 +122,18 @@ class Session:
         truncate_curves(live_dir, self.state["step"])
         log.info("resuming from %s at step %d", self.last_path, self.state["step"])
         return True
+
+    def _mismatch(self, saved: dict, length: int) -> str | None:
+        """Why a saved checkpoint cannot be resumed, naming the first differing param; None if it can."""
+        old = flatten(saved.get("config", {}))
+        for key, value in flatten(self.identity["config"]).items():
+            if old.get(key) != value:
+                return f"train.{key} changed ({old.get(key)!r} -> {value!r})"
+        if saved.get("inputs") != self.identity["inputs"]:
+            return "the data, the tokenizer or the code changed"
+        if saved[self.progress_key] > length:
+            return f"it trained past the requested length ({saved[self.progress_key]} > {length})"
+        return None
 
     def save_last(self):
         checkpoint.save(

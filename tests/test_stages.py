@@ -161,3 +161,36 @@ def test_divergence_stops_with_the_step_and_keeps_the_checkpoint(tmp_path, built
     assert not (tmp_path / "model.pt").exists()
     last = checkpoint.load(tmp_path / "ckpt" / "last.pt")  # still loads: written before the bad step
     assert all(torch.isfinite(t).all() for t in last["model"].values())
+
+
+@pytest.mark.parametrize("name", ["model.pt", "tokenizer.json"])
+def test_corrupt_artifact_is_named(tmp_path, built, name):
+    bad = tmp_path / name
+    bad.write_bytes(b"\x00garbage{" * 20)
+    load = checkpoint.load if name.endswith(".pt") else tokenizer.load_tokenizer
+    with pytest.raises(ValueError, match=rf"{name}: not a readable"):
+        load(bad)
+
+
+def test_same_params_same_metrics(tmp_path, built):
+    """Determinism: a second run of every stage gives a byte-identical metrics.json."""
+    from tests.conftest import TINY_PARAMS as params
+
+    cfg = lambda stage: stage_config(params, "cumsum", stage)  # noqa: E731
+    run_prepare("cumsum", cfg("prepare"), tmp_path / "data")
+    tokenizer.run("cumsum", cfg("tokenize"), tmp_path / "data", tmp_path / "tok.json")
+    training.run("cumsum", cfg("train"), tmp_path / "data", tmp_path / "tok.json", tmp_path / "model.pt",
+                 tmp_path / "ckpt", tmp_path / "live")
+    evaluation.run("cumsum", cfg("evaluate"), tmp_path / "data", tmp_path / "tok.json", tmp_path / "model.pt",
+                   tmp_path / "metrics.json", tmp_path / "samples.jsonl")
+    assert (tmp_path / "metrics.json").read_bytes() == built["metrics"].read_bytes()
+
+
+def test_changed_param_is_named_when_starting_afresh(tmp_path, built, tiny_params, caplog):
+    paths = (built["data"], built["tokenizer"], tmp_path / "model.pt", tmp_path / "ckpt", tmp_path / "live")
+    tiny_params["cumsum"]["train"]["epochs"] = 1
+    training.run("cumsum", stage_config(tiny_params, "cumsum", "train"), *paths)
+    tiny_params["cumsum"]["train"]["model"]["d_ff"] = 48
+    with caplog.at_level("INFO", logger="lib.training"):
+        training.run("cumsum", stage_config(tiny_params, "cumsum", "train"), *paths)
+    assert "train.model.d_ff changed (32 -> 48); starting afresh" in caplog.text
