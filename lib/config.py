@@ -204,7 +204,7 @@ class LMEvaluateConfig:
 class EvaluateConfig:
     max_tokens: int  # token budget of a batch, for the loss and for decoding
     max_extra_tokens: int  # a hypothesis has at most source length + this many tokens (eos included)
-    n_samples: int  # test predictions written to samples.tsv
+    n_samples: int  # test predictions written to samples.jsonl: the first n and the worst n
 
     def __post_init__(self):
         require(self.max_tokens > 0, "max_tokens", "must be > 0")

@@ -45,25 +45,37 @@ def write_outputs(metrics: dict, samples: pd.DataFrame, metrics_path, samples_pa
 
 def evaluate_seq2seq(task, cfg: EvaluateConfig, data_dir, tokenizer_path, model_path, metrics_path, samples_path):
     device = torch.device("cpu")
+    module = get_task(task)
     tokenizer = load_tokenizer(tokenizer_path)
     ids = special_ids(tokenizer)
     model, _ = checkpoint.load_model(model_path, device)
-    test = read_split(data_dir, "test")
-    pairs = encode_pairs(tokenizer, test)
 
-    loss = mean_loss(model, pairs, ids, cfg.max_tokens, device)
-    hypotheses = translate(model, pairs, ids, tokenizer, cfg, device)
+    def translate_frame(frame: pd.DataFrame) -> list[str]:
+        return translate(model, encode_pairs(tokenizer, frame), ids, tokenizer, cfg, device)
+
+    test = read_split(data_dir, "test")
+    loss = mean_loss(model, encode_pairs(tokenizer, test), ids, cfg.max_tokens, device)
+    hypotheses = translate_frame(test)
     references = test["tgt"].tolist()
     metrics = {
         "n_test": len(test),
         "loss": loss,
         "perplexity": perplexity(loss),
-        "greedy": get_task(task).score(hypotheses, references),
+        "greedy": module.score(hypotheses, references),
     }
-    samples = pd.DataFrame(
-        {"source": test["src"], "reference": references, "greedy": hypotheses,
-         "correct": [h == r for h, r in zip(hypotheses, references)]}
-    ).head(cfg.n_samples)
+    if hasattr(module, "extra_metrics"):  # e.g. cumsum's exact match by sequence length
+        metrics.update(module.extra_metrics(translate_frame, Path(data_dir)))
+
+    outputs = pd.DataFrame({
+        "source": test["src"], "reference": references, "greedy": hypotheses,
+        "correct": [h == r for h, r in zip(hypotheses, references)],
+        "score": [module.sentence_score(h, r) for h, r in zip(hypotheses, references)],
+    })
+    # The first test examples, and the worst ones by the task's per-example score.
+    samples = pd.concat([
+        outputs.head(cfg.n_samples).assign(kind="first"),
+        outputs.sort_values("score", kind="stable").head(cfg.n_samples).assign(kind="worst"),
+    ])
     write_outputs(metrics, samples, metrics_path, samples_path)
     return metrics
 

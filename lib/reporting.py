@@ -23,7 +23,8 @@ from lib.tokenizer import encode_pairs, load_tokenizer, special_ids  # noqa: E40
 
 
 def metrics_table(metrics: dict) -> str:
-    flat = flatten(metrics)
+    """Every scalar metric; a per-length breakdown has its own plot instead."""
+    flat = flatten({k: v for k, v in metrics.items() if k != "by_length"})
     values = [f"{v:.4f}" if isinstance(v, float) else str(v) for v in flat.values()]
     table = pd.DataFrame({"metric": list(flat), "value": values})
     return table.to_markdown(index=False, colalign=("left", "right"), disable_numparse=True)
@@ -86,34 +87,74 @@ def visible(token: str) -> str:
 
 
 @torch.no_grad()
-def cross_attention(model, tokenizer, pairs, index: int, ids):
-    """Teacher-forced cross-attention of one test pair: per layer (H, T, S), and labels."""
-    batch = collate(pairs, [index], ids)
+def attention_maps(model, batch, ids) -> dict[str, list[torch.Tensor]]:
+    """Teacher-forced attention of a batch, per layer: encoder self (B, H, S, S),
+    decoder self (B, H, T, T) and cross (B, H, T, S), straight from the forward."""
     src_mask = padding_mask(batch.src, ids.pad)
-    memory, _ = model.encode(batch.src, src_mask)
-    _, layers = model.decode(batch.tgt_in, memory, target_mask(batch.tgt_in, ids.pad), src_mask)
-    src_labels = [tokenizer.id_to_token(i) for i in batch.src[0].tolist()]
-    # Row t reads tgt_in[t] and predicts tgt_out[t]: label rows by the prediction.
-    tgt_labels = [tokenizer.id_to_token(i) for i in batch.tgt_out[0].tolist()]
-    return [cross[0] for _, cross in layers], tgt_labels, src_labels
+    memory, encoder = model.encode(batch.src, src_mask)
+    _, decoder = model.decode(batch.tgt_in, memory, target_mask(batch.tgt_in, ids.pad), src_mask)
+    return {
+        "encoder self-attention": encoder,
+        "decoder self-attention": [self_w for self_w, _ in decoder],
+        "cross-attention": [cross for _, cross in decoder],
+    }
 
 
-def seq2seq_sections(cfg, data_dir, tokenizer, model, samples: pd.DataFrame, figures_dir: Path, rel: Path):
+def plot_by_length(by_length: dict, trained: tuple[int, int], out: Path):
+    lengths = sorted(int(k) for k in by_length)
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.plot(lengths, [by_length[str(n)] for n in lengths], "o-")
+    ax.axvspan(trained[0] - 0.5, trained[1] + 0.5, color="tab:green", alpha=0.12, label="lengths seen in training")
+    ax.legend(loc="lower left")
+    ax.set(xlabel="sequence length (tokens)", ylabel="exact-sequence match", ylim=(-0.02, 1.02),
+           title="Accuracy by length", xticks=lengths)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def seq2seq_sections(cfg, data_dir, tokenizer, model, metrics, samples, figures_dir: Path, rel: Path):
     ids = special_ids(tokenizer)
     pairs = encode_pairs(tokenizer, read_split(data_dir, "test"))
-    lines = ["## Cross-attention", "",
-             "Rows: the token being predicted; columns: the source tokens. One panel per layer and head.", ""]
-    for index in range(min(cfg.n_attention_examples, len(pairs))):
-        weights, rows, cols = cross_attention(model, tokenizer, pairs, index, ids)
-        name = f"cross_attention_{index + 1}.png"
-        plot_attention_grid(weights, rows, cols, f"Cross-attention, test example {index + 1}", figures_dir / name)
-        lines += [f"![cross-attention {index + 1}]({rel}/{name})", ""]
-    lines += ["## Samples", "", samples.head(10).to_markdown(index=False), ""]
+    examples = list(range(min(cfg.n_attention_examples, len(pairs))))
+    batch = collate(pairs, examples, ids)
+    maps = attention_maps(model, batch, ids)
+    lines = ["## Attention", "",
+             "For each example, one panel per layer (rows) and head (columns). Rows of a panel: the "
+             "decoder position, labelled by the token it predicts (encoder: the source token); columns: "
+             "the tokens it reads. Decoder self-attention is empty above the diagonal: no position sees "
+             "the future.", ""]
+    for i in examples:
+        S, T = len(pairs.src[i]), len(pairs.tgt[i]) + 1  # the real lengths, padding cut off
+        src = [tokenizer.id_to_token(t) for t in batch.src[i, :S].tolist()]
+        tgt_in = [tokenizer.id_to_token(t) for t in batch.tgt_in[i, :T].tolist()]
+        predicted = [tokenizer.id_to_token(t) for t in batch.tgt_out[i, :T].tolist()]
+        shapes = {"encoder self-attention": (S, S, src, src),
+                  "decoder self-attention": (T, T, predicted, tgt_in),
+                  "cross-attention": (T, S, predicted, src)}
+        lines += [f"### Test example {i + 1}: `{' '.join(src)}`", ""]
+        for kind, (rows, cols, row_labels, col_labels) in shapes.items():
+            name = f"{kind.split()[0]}_{kind.split()[1].split('-')[0]}_{i + 1}.png"
+            weights = [w[i, :, :rows, :cols] for w in maps[kind]]
+            plot_attention_grid(weights, row_labels, col_labels, f"{kind.capitalize()}, test example {i + 1}",
+                                figures_dir / name)
+            lines += [f"![{kind} {i + 1}]({rel}/{name})", ""]
+    if "by_length" in metrics:
+        train_lengths = read_split(data_dir, "train")["src"].str.split().str.len()
+        plot_by_length(metrics["by_length"], (train_lengths.min(), train_lengths.max()),
+                       figures_dir / "by_length.png")
+        lines += ["## Accuracy by sequence length", "",
+                  "Exact-sequence match on held-out sequences of every length, including lengths "
+                  "longer than any seen in training.", "", f"![accuracy by length]({rel}/by_length.png)", ""]
+    columns = ["source", "reference", "greedy", "correct"]
+    for kind, title in (("first", "First test examples"), ("worst", "Worst test examples")):
+        lines += [f"## {title}", "", samples[samples["kind"] == kind][columns].to_markdown(index=False), ""]
     return lines
 
 
 @torch.no_grad()
-def lm_sections(cfg, data_dir, tokenizer, model, samples: pd.DataFrame, figures_dir: Path, rel: Path):
+def lm_sections(cfg, data_dir, tokenizer, model, metrics, samples, figures_dir: Path, rel: Path):
     ids = tokenizer.encode(read_text(data_dir, "valid"), add_special_tokens=False).ids[: cfg.passage_tokens]
     _, layers = model.forward_with_attention(torch.tensor([ids]))
     labels = [visible(tokenizer.id_to_token(i)) for i in ids]
@@ -147,6 +188,6 @@ def run(task, cfg, data_dir, tokenizer_path, model_path, metrics_path, samples_p
         "## Training curves", "", f"![loss curves and learning rate]({rel}/loss.png)", "",
     ]
     sections = lm_sections if get_task(task).KIND == "lm" else seq2seq_sections
-    lines += sections(cfg, data_dir, tokenizer, model, samples, figures_dir, rel)
+    lines += sections(cfg, data_dir, tokenizer, model, metrics, samples, figures_dir, rel)
     with checkpoint.atomic_path(report_path) as tmp:
         tmp.write_text("\n".join(lines))

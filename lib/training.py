@@ -98,12 +98,22 @@ class Session:
         config = {k: v for k, v in asdict(cfg).items() if k != length_key}
         code = sorted(Path(__file__).parent.rglob("*.py"))
         self.identity = {"config": config, "inputs": fingerprint([Path(data_dir), Path(tokenizer_path), *code])}
+        self.live_dir = live_dir
         self.resumed = self._resume(getattr(cfg, length_key), live_dir)
+        self.live = None
+
+    def open(self):
+        """Start writing: clear the outputs of an earlier run unless resuming it.
+
+        Called after the loop has checked its data, so that a bad input
+        leaves the previous checkpoints and curves as they were.
+        """
         if not self.resumed:
             shutil.rmtree(self.checkpoint_dir, ignore_errors=True)
-            shutil.rmtree(live_dir, ignore_errors=True)
+            shutil.rmtree(self.live_dir, ignore_errors=True)
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        self.live = Live(dir=str(live_dir), resume=self.resumed, report=None, save_dvc_exp=False, dvcyaml=False)
+        self.live = Live(dir=str(self.live_dir), resume=self.resumed, report=None, save_dvc_exp=False,
+                         dvcyaml=False)
 
     def _resume(self, length: int, live_dir) -> bool:
         if not self.last_path.is_file():
@@ -221,6 +231,7 @@ def train_seq2seq(task, cfg: TrainConfig, data_dir, tokenizer_path, model_path, 
     valid = encode_pairs(run.tokenizer, read_split(data_dir, "valid"))
     check_lengths(train, cfg.model.max_len, "train")
     check_lengths(valid, cfg.model.max_len, "valid")
+    run.open()
 
     model.train()
     while state["epoch"] < cfg.epochs:
@@ -309,6 +320,7 @@ def train_lm(task, cfg: LMTrainConfig, data_dir, tokenizer_path, model_path, che
     fixed = torch.Generator().manual_seed(cfg.seed + 1)
     eval_sets = {name: [random_blocks(ids, cfg.batch_size, cfg.block_size, fixed) for _ in range(cfg.eval_batches)]
                  for name, ids in (("train", train), ("valid", valid))}
+    run.open()
 
     model.train()
     progress = tqdm(range(state["step"], cfg.max_iters), initial=state["step"], total=cfg.max_iters, leave=False)

@@ -15,7 +15,7 @@ TINY_PARAMS = {
     "tasks": ["cumsum"],
     "cumsum": {
         "prepare": {"seed": 0, "min_length": 2, "max_length": 5, "n_train": 400, "n_valid": 40,
-                    "n_test": 60, "vocab_length": 8},
+                    "n_test": 60, "vocab_length": 8, "n_per_length": 5},
         "tokenize": {"kind": "word", "min_frequency": 1},
         "train": {
             "seed": 0, "device": "cpu", "epochs": 2, "max_tokens": 256, "lr_factor": 1.0, "warmup": 10,

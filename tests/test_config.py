@@ -45,19 +45,59 @@ def test_valid_params_give_frozen_configs(tiny_params):
         cfg.epochs = 5
 
 
-def test_stage_command_fails_cleanly_and_writes_nothing(tmp_path, tiny_params):
-    tiny_params["cumsum"]["prepare"]["n_trian"] = 5
+def edit_params(tiny_params, section, key, value):
+    """Set (or, with value None, delete) tiny_params[section...][key]."""
+    node = tiny_params
+    for part in section.split("."):
+        node = node[part]
+    if value is None:
+        del node[key]
+    else:
+        node[key] = value
+    return tiny_params
+
+
+# Each case runs the real stage command: the message names the key, the exit is 2, nothing is written.
+STAGE_CASES = [
+    ("prepare", "cumsum.prepare", "n_trian", 5, "cumsum.prepare.n_trian: unknown key"),
+    ("prepare", "cumsum.prepare", "n_train", None, "cumsum.prepare.n_train: missing key"),
+    ("prepare", "cumsum.prepare", "n_test", "2000", "cumsum.prepare.n_test: expected int, got '2000'"),
+    ("prepare", "cumsum.prepare", "n_valid", 0, "cumsum.prepare.n_valid: must be > 0"),
+    ("train", "cumsum.train.model", "n_heads", 3, "cumsum.train.model.d_model: 16 is not divisible by n_heads 3"),
+    ("train", "cumsum.train.model", "dropout", 1.5, "cumsum.train.model.dropout: must be in [0, 1)"),
+    ("train", "cumsum.train", "max_tokens", -1, "cumsum.train.max_tokens: must be > 0"),
+    ("tokenize", "cumsum.tokenize", "kind", "bpe", "cumsum.tokenize.vocab_size: bpe needs a vocab_size above"),
+    ("train", "", "tasks", ["cumsum", "cumsun"], "tasks: 'cumsum' is not listed"),
+]
+
+
+@pytest.mark.parametrize("stage, section, key, value, message", STAGE_CASES)
+def test_stage_command_fails_cleanly_and_writes_nothing(tmp_path, tiny_params, stage, section, key, value, message):
+    if section:
+        edit_params(tiny_params, section, key, value)
+    else:
+        tiny_params[key] = value
+    if key == "tasks":  # the task asked for is not the one listed
+        tiny_params["tasks"] = ["shakespeare"]
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump(tiny_params))
-    out = tmp_path / "data"
-    result = subprocess.run(
-        [sys.executable, "-m", "stages.prepare", "cumsum", "--out", str(out), "--params", str(params)],
-        cwd=ROOT, capture_output=True, text=True,
-    )
+    outs = {"prepare": ["--out", "data"], "tokenize": ["--data", "data", "--out", "tok.json"],
+            "train": ["--data", "data", "--tokenizer", "tok.json", "--model", "model.pt",
+                      "--checkpoints", "ckpt", "--live", "live"]}[stage]
+    outs = [str(tmp_path / o) if not o.startswith("--") else o for o in outs]
+    result = subprocess.run([sys.executable, "-m", f"stages.{stage}", "cumsum", *outs, "--params", str(params)],
+                            cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 2
-    assert "cumsum.prepare.n_trian: unknown key" in result.stderr
+    assert message in result.stderr
     assert "Traceback" not in result.stderr
-    assert not out.exists() and list(tmp_path.iterdir()) == [params]
+    assert list(tmp_path.iterdir()) == [params]
+
+
+def test_missing_local_source_is_named(tiny_params):
+    tiny_params["tasks"] = ["shakespeare"]
+    tiny_params["shakespeare"] = {"prepare": {"source": "no/such/input.txt", "train_fraction": 0.9}}
+    with pytest.raises(ConfigError, match=r"shakespeare\.prepare\.source: no/such/input.txt: no such file"):
+        stage_config(tiny_params, "shakespeare", "prepare")
 
 
 def test_missing_input_is_named(tmp_path, tiny_params):

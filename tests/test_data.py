@@ -43,6 +43,12 @@ def test_cumsum_splits_are_correct_and_disjoint(tmp_path, tiny_params):
     run_prepare("cumsum", cfg, tmp_path / "cumsum")
     splits = {s: pd.read_parquet(tmp_path / "cumsum" / f"{s}.parquet") for s in ("train", "valid", "test")}
     assert [len(splits[s]) for s in splits] == [400, 40, 60]
+    study = pd.read_parquet(tmp_path / "cumsum" / "lengths.parquet")
+    counts = study["src"].str.split().str.len().value_counts().sort_index()
+    assert counts.to_dict() == {1: 5, **{n: 5 for n in range(2, 9)}}  # n_per_length of each length 1..8
+    assert not set(study["src"]) & set(splits["train"]["src"])
+    for src, tgt in zip(study["src"], study["tgt"]):
+        assert list(map(int, tgt.split())) == cumsum.running_sums(list(map(int, src.split())))
     for frame in splits.values():
         for src, tgt in zip(frame["src"], frame["tgt"]):
             digits = list(map(int, src.split()))

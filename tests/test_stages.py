@@ -13,7 +13,9 @@ import torch
 import yaml
 
 from lib import checkpoint, evaluation, reporting, tokenizer, training
-from lib.config import stage_config
+from lib.config import ConfigError, stage_config
+from lib.data import collate
+from lib.masks import padding_mask, target_mask
 from lib.tasks import run_prepare
 from tests.conftest import ROOT
 
@@ -70,15 +72,19 @@ def test_evaluate_writes_metrics_and_samples(built):
     assert metrics["n_test"] == 60
     assert 0.0 <= metrics["greedy"]["exact_match"] <= 1.0
     assert metrics["perplexity"] > 1.0
-    samples = pd.read_json(built["samples"], lines=True)
-    assert list(samples.columns) == ["source", "reference", "greedy", "correct"] and len(samples) == 10
+    samples = pd.read_json(built["samples"], lines=True, dtype=False)
+    assert list(samples.columns) == ["source", "reference", "greedy", "correct", "score", "kind"]
+    assert samples["kind"].tolist() == ["first"] * 10 + ["worst"] * 10
+    worst = samples[samples["kind"] == "worst"]["score"]
+    assert worst.is_monotonic_increasing and worst.max() <= samples["score"].max()
+    assert sorted(metrics["by_length"], key=int) == [str(n) for n in range(1, 9)]  # 1..vocab_length
 
 
 def test_report_links_only_existing_pngs(built):
     text = built["report"].read_text()
-    assert "## Metrics" in text and "greedy.exact_match" in text
+    assert "## Metrics" in text and "greedy.exact_match" in text and "## Worst test examples" in text
     links = [line.split("](")[1].rstrip(")") for line in text.splitlines() if line.startswith("![")]
-    assert len(links) == 1 + 2  # the loss curve and n_attention_examples heatmaps
+    assert len(links) == 1 + 3 * 2 + 1  # curves, 3 heatmaps per attention example, accuracy by length
     for link in links:
         png = (built["report"].parent / link).read_bytes()
         assert png[:8] == b"\x89PNG\r\n\x1a\n"
@@ -194,3 +200,41 @@ def test_changed_param_is_named_when_starting_afresh(tmp_path, built, tiny_param
     with caplog.at_level("INFO", logger="lib.training"):
         training.run("cumsum", stage_config(tiny_params, "cumsum", "train"), *paths)
     assert "train.model.d_ff changed (32 -> 48); starting afresh" in caplog.text
+
+
+def test_drawn_attention_is_what_the_model_computes(built):
+    """The heatmaps' weights: rows sum to 1, nothing above the diagonal, nothing on source padding."""
+    tok = tokenizer.load_tokenizer(built["tokenizer"])
+    ids = tokenizer.special_ids(tok)
+    model, _ = checkpoint.load_model(built["model"])
+    pairs = tokenizer.encode_pairs(tok, pd.read_parquet(built["data"] / "test.parquet"))
+    lengths = [len(s) for s in pairs.src]
+    examples = [lengths.index(min(lengths)), lengths.index(max(lengths))]  # the shorter one is padded
+    batch = collate(pairs, examples, ids)
+    maps = reporting.attention_maps(model, batch, ids)
+    short = min(lengths)
+    for kind, layers in maps.items():
+        for w in layers:
+            assert torch.allclose(w.sum(-1), torch.ones_like(w.sum(-1)), atol=1e-5), kind
+    for w in maps["decoder self-attention"]:
+        assert torch.all(w.triu(1) == 0)
+    for w in maps["cross-attention"] + maps["encoder self-attention"]:
+        assert torch.all(w[0, :, :, short:] == 0)  # the padded source positions of the shorter example
+    # The same weights a plain forward pass uses: the model's output is unchanged by asking for them.
+    src_mask = padding_mask(batch.src, ids.pad)
+    logits = model(batch.src, batch.tgt_in, src_mask, target_mask(batch.tgt_in, ids.pad))
+    memory, _ = model.encode(batch.src, src_mask)
+    hidden, _ = model.decode(batch.tgt_in, memory, target_mask(batch.tgt_in, ids.pad), src_mask)
+    assert torch.equal(model.generator(hidden), logits)
+
+
+def test_max_len_below_the_data_fails_before_touching_outputs(tmp_path, built, tiny_params):
+    """A bad param on a re-run names the key and leaves the earlier run's checkpoints alone."""
+    paths = (built["data"], built["tokenizer"], tmp_path / "model.pt", tmp_path / "ckpt", tmp_path / "live")
+    tiny_params["cumsum"]["train"]["epochs"] = 1
+    training.run("cumsum", stage_config(tiny_params, "cumsum", "train"), *paths)
+    before = (tmp_path / "ckpt" / "last.pt").read_bytes()
+    tiny_params["cumsum"]["train"]["model"]["max_len"] = 4
+    with pytest.raises(ConfigError, match=r"train\.model\.max_len: 4 is shorter than the longest train sequence"):
+        training.run("cumsum", stage_config(tiny_params, "cumsum", "train"), *paths)
+    assert (tmp_path / "ckpt" / "last.pt").read_bytes() == before

@@ -26,6 +26,7 @@ class PrepareConfig:
     n_valid: int  # validation pairs, none of them in train
     n_test: int  # test pairs, none of them in train or valid
     vocab_length: int  # the vocabulary holds every running sum of sequences this long
+    n_per_length: int  # length study: sequences of each length 1..vocab_length, none of them in train
 
     def __post_init__(self):
         require(self.min_length >= 1, "min_length", "must be >= 1")
@@ -33,6 +34,7 @@ class PrepareConfig:
         for name in ("n_train", "n_valid", "n_test"):
             require(getattr(self, name) > 0, name, "must be > 0")
         require(self.vocab_length >= self.max_length, "vocab_length", "must be >= max_length")
+        require(self.n_per_length > 0, "n_per_length", "must be > 0")
         distinct = sum(10**n for n in range(self.min_length, self.max_length + 1))
         require(
             self.n_valid + self.n_test < distinct,
@@ -59,7 +61,7 @@ def _draw(generator: torch.Generator, cfg: PrepareConfig) -> tuple[int, ...]:
 
 
 def prepare(cfg: PrepareConfig, out_dir: Path):
-    """Write train/valid/test parquet files (columns src, tgt) and alphabet.txt.
+    """Write train/valid/test/lengths parquet files (columns src, tgt) and alphabet.txt.
 
     Held-out sequences are drawn first and distinct; training sequences are
     drawn until n_train of them avoid every held-out one.
@@ -75,6 +77,8 @@ def prepare(cfg: PrepareConfig, out_dir: Path):
         if digits not in held_out:
             train.append(digits)
     splits = {"train": train, "valid": held[: cfg.n_valid], "test": held[cfg.n_valid :]}
+    # Drawn after the three splits, so that adding it left them unchanged.
+    splits["lengths"] = length_study(cfg, set(train), generator)
     for split, rows in splits.items():
         frame = pd.DataFrame([_pair(list(d)) for d in rows], columns=["src", "tgt"])
         frame.to_parquet(out_dir / f"{split}.parquet", index=False)
@@ -82,6 +86,43 @@ def prepare(cfg: PrepareConfig, out_dir: Path):
     # longer test sequences never meet an unknown token.
     alphabet = " ".join(str(n) for n in range(9 * cfg.vocab_length + 1))
     (out_dir / "alphabet.txt").write_text(alphabet + "\n")
+
+
+def length_study(cfg: PrepareConfig, train: set, generator: torch.Generator) -> list[tuple[int, ...]]:
+    """n_per_length sequences of every length 1..vocab_length, outside train.
+
+    Short lengths have fewer distinct sequences (10 of length 1): they get all
+    that exist outside train, when that is fewer than n_per_length.
+    """
+    rows = []
+    for length in range(1, cfg.vocab_length + 1):
+        available = 10**length - sum(len(t) == length for t in train)
+        wanted = min(cfg.n_per_length, available)
+        chosen: dict[tuple[int, ...], None] = {}
+        while len(chosen) < wanted:
+            digits = tuple(torch.randint(0, 10, (length,), generator=generator).tolist())
+            if digits not in train:
+                chosen[digits] = None
+        rows += list(chosen)
+    return rows
+
+
+def exact_match_by_length(sources: list[str], hypotheses: list[str], references: list[str]) -> dict:
+    """{"1": exact match of the sequences with 1 digit, ...}"""
+    frame = pd.DataFrame({"length": [len(s.split()) for s in sources],
+                          "exact": [h == r for h, r in zip(hypotheses, references)]})
+    return {str(length): float(acc) for length, acc in frame.groupby("length")["exact"].mean().items()}
+
+
+def extra_metrics(translate, data_dir: Path) -> dict:
+    """Length generalisation: exact match at every length, trained ones and longer ones."""
+    study = read_split(data_dir, "lengths")
+    return {"by_length": exact_match_by_length(study["src"].tolist(), translate(study), study["tgt"].tolist())}
+
+
+def sentence_score(hypothesis: str, reference: str) -> float:
+    """Per-example score for finding the worst outputs: token accuracy."""
+    return score([hypothesis], [reference])["token_accuracy"]
 
 
 def tokenizer_texts(cfg, data_dir: Path) -> list[str]:
