@@ -66,17 +66,19 @@ def plot_losses(live_dir: Path, out: Path):
 def plot_attention_grid(weights: list[torch.Tensor], rows: list[str], cols: list[str], title: str, out: Path):
     """One heatmap per (layer, head): weights[layer] is (H, len(rows), len(cols))."""
     L, H = len(weights), weights[0].size(0)
-    cell = max(2.2, 0.14 * max(len(rows), len(cols)))
-    fig, axes = plt.subplots(L, H, figsize=(cell * H + 1, cell * L + 0.6), squeeze=False)
+    n = max(len(rows), len(cols))
+    cell = min(4.0, max(2.2, 0.11 * n))  # inches per panel: room for every label, not a poster
+    font = 6 if n <= 32 else 4.5
+    fig, axes = plt.subplots(L, H, figsize=(cell * H + 1, cell * L + 0.8), squeeze=False)
     for layer, layer_weights in enumerate(weights):
         for head in range(H):
             ax = axes[layer][head]
             ax.imshow(layer_weights[head].numpy(), cmap="viridis", vmin=0.0, vmax=1.0)
-            ax.set_xticks(range(len(cols)), cols, fontsize=6, rotation=90)
-            ax.set_yticks(range(len(rows)), rows, fontsize=6)
-            ax.set_title(f"layer {layer + 1} head {head + 1}", fontsize=7)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
+            ax.set_xticks(range(len(cols)), cols, fontsize=font, rotation=90)
+            ax.set_yticks(range(len(rows)), rows, fontsize=font)
+            ax.set_title(f"layer {layer + 1} head {head + 1}", fontsize=8)
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout(rect=(0, 0, 1, 0.97))  # leave the top strip to the title
     fig.savefig(out, dpi=110)
     plt.close(fig)
 
@@ -130,12 +132,12 @@ def seq2seq_sections(cfg, data_dir, tokenizer, model, metrics, samples, figures_
         src = [tokenizer.id_to_token(t) for t in batch.src[i, :S].tolist()]
         tgt_in = [tokenizer.id_to_token(t) for t in batch.tgt_in[i, :T].tolist()]
         predicted = [tokenizer.id_to_token(t) for t in batch.tgt_out[i, :T].tolist()]
-        shapes = {"encoder self-attention": (S, S, src, src),
-                  "decoder self-attention": (T, T, predicted, tgt_in),
-                  "cross-attention": (T, S, predicted, src)}
+        shapes = {"encoder self-attention": ("encoder_self", S, S, src, src),
+                  "decoder self-attention": ("decoder_self", T, T, predicted, tgt_in),
+                  "cross-attention": ("cross", T, S, predicted, src)}
         lines += [f"### Test example {i + 1}: `{' '.join(src)}`", ""]
-        for kind, (rows, cols, row_labels, col_labels) in shapes.items():
-            name = f"{kind.split()[0]}_{kind.split()[1].split('-')[0]}_{i + 1}.png"
+        for kind, (stem, rows, cols, row_labels, col_labels) in shapes.items():
+            name = f"{stem}_attention_{i + 1}.png"
             weights = [w[i, :, :rows, :cols] for w in maps[kind]]
             plot_attention_grid(weights, row_labels, col_labels, f"{kind.capitalize()}, test example {i + 1}",
                                 figures_dir / name)

@@ -129,3 +129,20 @@ def test_lm_stages_write_metrics_samples_and_report(lm_built):
     for link in [line.split("](")[1].rstrip(")") for line in text.splitlines() if line.startswith("![")]:
         assert Path(lm_built["report"].parent / link).read_bytes()[:4] == b"\x89PNG"
     assert "self_attention.png" in text and "```" in text
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"", r"play.txt is empty"),
+    (b"ROMEO:\nO \xff\xfe night\n", r"play.txt: not UTF-8 text at byte 9"),
+])
+def test_bad_source_is_named_and_nothing_is_written(tmp_path, content, message):
+    source = tmp_path / "play.txt"
+    source.write_bytes(content)
+    out = tmp_path / "data"
+    out.mkdir()
+    (out / "train.txt").write_text("an earlier, good split")
+    cfg = shakespeare.PrepareConfig(source=str(source), train_fraction=0.9)
+    with pytest.raises(ConfigError, match=message):
+        run_prepare("shakespeare", cfg, out)
+    assert (out / "train.txt").read_text() == "an earlier, good split"  # the earlier output is kept
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "play.txt"]  # no temporary left behind

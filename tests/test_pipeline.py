@@ -47,7 +47,8 @@ def test_dvc_repro_end_to_end(tmp_path):
     assert stages_run(first) == {f"{s}@cumsum" for s in ("prepare", "tokenize", "train", "evaluate", "report")}
     for path in ("data/cumsum/train.parquet", "models/cumsum/tokenizer.json", "models/cumsum/model.pt",
                  "reports/cumsum/metrics.json", "reports/cumsum/samples.jsonl", "reports/cumsum/report.md",
-                 "reports/cumsum/figures/loss.png", "reports/cumsum/figures/cross_attention_1.png"):
+                 "reports/cumsum/figures/loss.png", "reports/cumsum/figures/cross_attention_1.png",
+                 "reports/cumsum/figures/by_length.png"):
         assert (repo / path).is_file(), path
 
     second = sh(dvc, "repro", cwd=repo, env=env)
@@ -61,4 +62,7 @@ def test_dvc_repro_end_to_end(tmp_path):
     assert stages_run(third) == {"evaluate@cumsum", "report@cumsum"}
 
     metrics = sh(dvc, "metrics", "show", cwd=repo, env=env)
-    assert "greedy.exact_match" in metrics
+    assert "greedy.exact_match" in metrics and "valid.loss" in metrics
+    sh(dvc, "plots", "show", "-o", str(tmp_path / "plots"), cwd=repo, env=env)
+    page = (tmp_path / "plots" / "index.html").read_text()
+    assert "train/loss.tsv" in page and "valid/loss.tsv" in page
