@@ -24,7 +24,7 @@ def main():
     tasks = yaml.safe_load((ROOT / "params.yaml").read_text())["tasks"]
     dvc = str(Path(sys.executable).with_name("dvc"))
     start = time.perf_counter()
-    subprocess.run([dvc, "repro", "--force"], cwd=ROOT, check=True)
+    subprocess.run([dvc, "repro", "--force"], cwd=ROOT, check=True, stdout=sys.stderr)  # stdout: the JSON only
     seconds = time.perf_counter() - start
     metrics = {t: json.loads((ROOT / "reports" / t / "metrics.json").read_text()) for t in tasks}
     print(json.dumps({

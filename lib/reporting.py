@@ -107,7 +107,7 @@ def plot_by_length(by_length: dict, trained: tuple[int, int], out: Path):
     fig, ax = plt.subplots(figsize=(7, 3.5))
     ax.plot(lengths, [by_length[str(n)] for n in lengths], "o-")
     ax.axvspan(trained[0] - 0.5, trained[1] + 0.5, color="tab:green", alpha=0.12, label="lengths seen in training")
-    ax.legend(loc="lower left")
+    ax.legend(loc="center right")
     ax.set(xlabel="sequence length (tokens)", ylabel="exact-sequence match", ylim=(-0.02, 1.02),
            title="Accuracy by length", xticks=lengths)
     ax.grid(alpha=0.3)
