@@ -1,4 +1,6 @@
-"""Scaled dot-product and multi-head attention (Vaswani et al., 2017, sec. 3.2).
+"""Scaled dot-product and multi-head attention (Vaswani et al., 2017, sec. 3.2),
+with the relative position schemes that act inside attention: RoPE (Su et al.,
+2021) rotates queries and keys, ALiBi (Press et al., 2022) biases the scores.
 
 Dims: B batch, H heads, Tq query length, Tk key length, C model width,
 D head width (C = H * D).
@@ -15,16 +17,20 @@ def scaled_dot_product_attention(
     v: torch.Tensor,
     mask: torch.Tensor | None = None,
     dropout: nn.Module | None = None,
+    bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """softmax(Q K^T / sqrt(D)) V, eq. 1 of the paper.
+    """softmax(Q K^T / sqrt(D) + bias) V, eq. 1 of the paper (bias: ALiBi's).
 
     q (B, H, Tq, D), k and v (B, H, Tk, D); mask broadcastable to
-    (B, H, Tq, Tk), True = may attend. Returns the output (B, H, Tq, D) and the
+    (B, H, Tq, Tk), True = may attend; bias an additive float tensor
+    broadcastable to the scores. Returns the output (B, H, Tq, D) and the
     weights (B, H, Tq, Tk) before dropout. Masked keys get exactly zero weight;
     a row with no allowed key gets all-zero weights (and a zero output), not NaN.
     """
     q = q * q.size(-1) ** -0.5  # scale the (smaller) queries, not the scores
     scores = q @ k.transpose(-2, -1)  # (B, H, Tq, Tk)
+    if bias is not None:
+        scores = scores + bias
     if mask is not None:
         # The most negative finite value rather than -inf: a fully masked row
         # then softmaxes to a uniform row instead of NaN, zeroed below; in any
@@ -40,6 +46,46 @@ def scaled_dot_product_attention(
     return attended @ v, weights  # (B, H, Tq, D), (B, H, Tq, Tk)
 
 
+class RotaryEmbedding(nn.Module):
+    """RoPE: rotate each pair of features (2i, 2i+1) by position * base^(-2i/D).
+
+    Rotating queries and keys alike makes q_m . k_n depend on m - n only.
+    """
+
+    def __init__(self, head_dim: int, max_len: int, base: float = 10000.0):
+        super().__init__()
+        inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)  # (D/2,)
+        angles = torch.arange(max_len, dtype=torch.float32)[:, None] * inv_freq  # (L, D/2)
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x (B, H, T, D) at positions (T,) -> rotated (B, H, T, D)."""
+        cos, sin = self.cos[positions], self.sin[positions]  # (T, D/2)
+        even, odd = x[..., 0::2], x[..., 1::2]  # (B, H, T, D/2)
+        rotated = torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1)  # (B, H, T, D/2, 2)
+        return rotated.flatten(-2)  # (B, H, T, D)
+
+
+def alibi_slopes(n_heads: int) -> torch.Tensor:
+    """ALiBi's head slopes: the geometric sequence 2^(-8/H), 2^(-16/H), ..., 2^-8 for a
+    power-of-two H; otherwise those of the nearest lower power of two, then every other
+    slope of the next one (Press et al., 2022, sec. 3)."""
+
+    def geometric(n):
+        return [2 ** (-8 * (i + 1) / n) for i in range(n)]
+
+    power = 2 ** (n_heads.bit_length() - 1)
+    slopes = geometric(power) + geometric(2 * power)[0::2][: n_heads - power]
+    return torch.tensor(slopes)
+
+
+def alibi_bias(slopes: torch.Tensor, q_len: int, k_len: int) -> torch.Tensor:
+    """-slope_h * |i - j| for query position i and key position j: (1, H, Tq, Tk)."""
+    distance = (torch.arange(q_len)[:, None] - torch.arange(k_len)[None, :]).abs()  # (Tq, Tk)
+    return -(slopes.to(distance.device)[:, None, None] * distance)[None]  # (1, H, Tq, Tk)
+
+
 class MultiHeadAttention(nn.Module):
     """Project to H heads, attend in each, merge and project back (sec. 3.2.2).
 
@@ -48,12 +94,21 @@ class MultiHeadAttention(nn.Module):
     on the decoder states and its key/value rows on the encoder output.
     """
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, fused_qkv: bool = True):
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, fused_qkv: bool = True,
+                 positional: str = "sinusoidal", max_len: int = 0):
+        """``positional`` rope or alibi acts here, in self and cross attention alike: in
+        cross attention it compares the decoder position with the source position, a
+        prior for monotonic alignment. Other values leave positions to the embeddings."""
         super().__init__()
         if d_model % n_heads:
             raise ValueError(f"d_model {d_model} is not divisible by n_heads {n_heads}")
         self.n_heads = n_heads
         self.fused_qkv = fused_qkv
+        self.rotary = RotaryEmbedding(d_model // n_heads, max_len) if positional == "rope" else None
+        if positional == "alibi":
+            self.register_buffer("alibi_slopes", alibi_slopes(n_heads), persistent=False)
+        else:
+            self.alibi_slopes = None
         if fused_qkv:
             self.qkv_proj = nn.Linear(d_model, 3 * d_model)
         else:
@@ -92,6 +147,11 @@ class MultiHeadAttention(nn.Module):
         """
         B, Tq, C = x.shape
         q, k, v = (self._split_heads(t) for t in self._project(x, memory))  # (B, H, T*, D)
-        out, weights = scaled_dot_product_attention(q, k, v, mask, self.dropout)  # (B, H, Tq, D)
+        Tk = k.size(2)
+        if self.rotary is not None:
+            q = self.rotary(q, torch.arange(Tq, device=q.device))
+            k = self.rotary(k, torch.arange(Tk, device=k.device))
+        bias = None if self.alibi_slopes is None else alibi_bias(self.alibi_slopes, Tq, Tk).to(q.dtype)
+        out, weights = scaled_dot_product_attention(q, k, v, mask, self.dropout, bias)  # (B, H, Tq, D)
         out = out.transpose(1, 2).reshape(B, Tq, C)  # (B, Tq, C)
         return self.out_proj(out), weights

@@ -98,9 +98,11 @@ class ModelConfig:
     norm_first: bool  # False: Post-LN as in the paper; True: Pre-LN plus a final LayerNorm
     tie_embeddings: bool  # share target embedding and generator (and source embedding: one vocab)
     fused_qkv: bool  # one (3C, C) input projection instead of three (C, C)
-    max_len: int  # longest sequence the positional encoding covers
+    max_len: int  # longest sequence the model accepts (and the position tables cover)
+    positional: str = "sinusoidal"  # sinusoidal | learned (added to embeddings) | rope | alibi (inside attention)
 
     def __post_init__(self):
+        choose(self.positional, "positional", ("sinusoidal", "learned", "rope", "alibi"))
         for name in ("d_model", "n_heads", "d_ff", "max_len"):
             require(getattr(self, name) > 0, name, "must be > 0")
         require(self.encoder_layers >= 0, "encoder_layers", "must be >= 0")
@@ -111,6 +113,8 @@ class ModelConfig:
             f"{self.d_model} is not divisible by n_heads {self.n_heads}",
         )
         require(0.0 <= self.dropout < 1.0, "dropout", "must be in [0, 1)")
+        if self.positional == "rope":
+            require(self.head_dim % 2 == 0, "positional", f"rope needs an even head width, not {self.head_dim}")
 
     @property
     def head_dim(self) -> int:

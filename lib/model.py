@@ -1,7 +1,7 @@
 """The Transformer of Vaswani et al. (2017), fig. 1, and a decoder-only LM.
 
-Read top to bottom: positional encoding, feed-forward, the two layers, the
-stacks, then the two full models sharing those blocks, and ``build_model``.
+Read top to bottom: positional encodings, feed-forward, the two layers, the
+embeddings, then the two full models sharing those blocks, and ``build_model``.
 Dims: B batch, S source length, T target length, C model width, V vocabulary.
 """
 
@@ -30,12 +30,19 @@ class SinusoidalPositionalEncoding(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
-        if T > self.table.size(0):
-            raise ValueError(
-                f"sequence length {T} exceeds the positional encoding's max_len "
-                f"{self.table.size(0)} (model.max_len in params.yaml)"
-            )
         return x + self.table[:T]  # (B, T, C)
+
+
+class LearnedPositionalEmbedding(nn.Module):
+    """One trained vector per position (as in BERT and GPT)."""
+
+    def __init__(self, d_model: int, max_len: int):
+        super().__init__()
+        self.table = nn.Embedding(max_len, d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        return x + self.table(torch.arange(T, device=x.device))  # (B, T, C)
 
 
 class FeedForward(nn.Module):
@@ -51,6 +58,10 @@ class FeedForward(nn.Module):
         return self.linear2(self.dropout(torch.relu(self.linear1(x))))
 
 
+def attention(cfg: ModelConfig) -> MultiHeadAttention:
+    return MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.fused_qkv, cfg.positional, cfg.max_len)
+
+
 class EncoderLayer(nn.Module):
     """Self attention then feed-forward, each a residual branch with LayerNorm.
 
@@ -61,7 +72,7 @@ class EncoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.norm_first = cfg.norm_first
-        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.fused_qkv)
+        self.self_attn = attention(cfg)
         self.feed_forward = FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout)
         self.norm1 = nn.LayerNorm(cfg.d_model)
         self.norm2 = nn.LayerNorm(cfg.d_model)
@@ -86,8 +97,8 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.norm_first = cfg.norm_first
-        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.fused_qkv)
-        self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.fused_qkv)
+        self.self_attn = attention(cfg)
+        self.cross_attn = attention(cfg)
         self.feed_forward = FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout)
         self.norm1 = nn.LayerNorm(cfg.d_model)
         self.norm2 = nn.LayerNorm(cfg.d_model)
@@ -113,16 +124,28 @@ class DecoderLayer(nn.Module):
 
 
 class Embedding(nn.Module):
-    """Token embedding scaled by sqrt(C) (sec. 3.4), plus positions, plus dropout."""
+    """Token embedding scaled by sqrt(C) (sec. 3.4), plus absolute positions, plus dropout.
+
+    sinusoidal and learned positions are added here; rope and alibi act inside
+    attention instead, so nothing is added.
+    """
 
     def __init__(self, vocab_size: int, cfg: ModelConfig):
         super().__init__()
         self.tokens = nn.Embedding(vocab_size, cfg.d_model)
-        self.positions = SinusoidalPositionalEncoding(cfg.d_model, cfg.max_len)
+        self.max_len = cfg.max_len
+        if cfg.positional == "sinusoidal":
+            self.positions = SinusoidalPositionalEncoding(cfg.d_model, cfg.max_len)
+        elif cfg.positional == "learned":
+            self.positions = LearnedPositionalEmbedding(cfg.d_model, cfg.max_len)
+        else:  # rope, alibi: positions act inside attention
+            self.positions = nn.Identity()
         self.dropout = nn.Dropout(cfg.dropout)
         self.scale = math.sqrt(cfg.d_model)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if ids.size(1) > self.max_len:
+            raise ValueError(f"sequence length {ids.size(1)} exceeds model.max_len {self.max_len} in params.yaml")
         return self.dropout(self.positions(self.tokens(ids) * self.scale))  # (B, T, C)
 
 

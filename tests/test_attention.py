@@ -4,7 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from lib.attention import MultiHeadAttention, scaled_dot_product_attention
+from lib.attention import (MultiHeadAttention, RotaryEmbedding, alibi_bias, alibi_slopes,
+                           scaled_dot_product_attention)
 from lib.masks import causal_mask, padding_mask, target_mask
 
 PAD = 0
@@ -93,3 +94,27 @@ def test_cross_attention_matches_torch(fused):
     assert weights.shape == (B, H, T, S)
     assert (got - expected).abs().max() <= 1e-5
     assert torch.all(weights[2, :, :, 2:] == 0)  # source padding gets no weight
+
+
+def test_rope_scores_depend_only_on_the_offset():
+    rope = RotaryEmbedding(head_dim=8, max_len=64)
+    q, k = torch.randn(1, 2, 10, 8), torch.randn(1, 2, 10, 8)
+    positions = torch.arange(10)
+    scores = rope(q, positions) @ rope(k, positions).transpose(-2, -1)
+    for shift in (1, 7, 30):
+        shifted = rope(q, positions + shift) @ rope(k, positions + shift).transpose(-2, -1)
+        assert torch.allclose(scores, shifted, atol=1e-4)
+    assert not torch.allclose(scores, q @ k.transpose(-2, -1), atol=1e-3)  # it does rotate
+    assert torch.allclose(rope(q, positions).norm(dim=-1), q.norm(dim=-1), atol=1e-5)  # a rotation
+
+
+def test_alibi_matches_its_closed_form():
+    slopes = alibi_slopes(8)
+    assert torch.allclose(slopes, torch.tensor([2.0 ** -(i + 1) for i in range(8)]))
+    assert torch.allclose(alibi_slopes(4), torch.tensor([2.0 ** -(2 * (i + 1)) for i in range(4)]))
+    six = alibi_slopes(6)  # not a power of two: 4 of H=4, then every other one of H=8
+    assert torch.allclose(six, torch.tensor([2.0**-2, 2.0**-4, 2.0**-6, 2.0**-8, 2.0**-1, 2.0**-3]))
+    bias = alibi_bias(slopes, 5, 7)
+    assert bias.shape == (1, 8, 5, 7)
+    for h, i, j in [(0, 0, 0), (0, 4, 1), (3, 2, 6), (7, 1, 0)]:
+        assert bias[0, h, i, j] == pytest.approx(-slopes[h].item() * abs(i - j))

@@ -57,6 +57,9 @@ def test_decoder_layer_matches_torch(norm_first, fused):
     assert torch.all(cross_w[2, :, :, 1:] == 0)  # nothing from source padding
 
 
+POSITIONALS = ["sinusoidal", "learned", "rope", "alibi"]
+
+
 def seq2seq(**overrides):
     return Transformer(model_config(**overrides), 30, 30, joint_vocab=True).eval()
 
@@ -65,9 +68,10 @@ def logits(model, src, tgt):
     return model(src, tgt, padding_mask(src, PAD), target_mask(tgt, PAD))
 
 
+@pytest.mark.parametrize("positional", POSITIONALS)
 @pytest.mark.parametrize("norm_first", [False, True])
-def test_decoder_is_causal(norm_first):
-    model = seq2seq(norm_first=norm_first)
+def test_decoder_is_causal(norm_first, positional):
+    model = seq2seq(norm_first=norm_first, positional=positional)
     src, tgt = torch.randint(1, 30, (2, 6)), torch.randint(1, 30, (2, 8))
     before = logits(model, src, tgt)
     for t in range(7):
@@ -78,8 +82,9 @@ def test_decoder_is_causal(norm_first):
         assert not torch.allclose(before[:, t + 1:], after[:, t + 1:], atol=1e-6)
 
 
-def test_lm_is_causal():
-    model = TransformerLM(model_config(), 30).eval()
+@pytest.mark.parametrize("positional", POSITIONALS)
+def test_lm_is_causal(positional):
+    model = TransformerLM(model_config(positional=positional), 30).eval()
     ids = torch.randint(0, 30, (2, 10))
     before = model(ids)
     changed = ids.clone()
@@ -89,9 +94,10 @@ def test_lm_is_causal():
     assert not torch.allclose(before[:, 6:], after[:, 6:], atol=1e-6)
 
 
+@pytest.mark.parametrize("positional", POSITIONALS)
 @pytest.mark.parametrize("norm_first", [False, True])
-def test_padding_does_not_change_real_positions(norm_first):
-    model = seq2seq(norm_first=norm_first)
+def test_padding_does_not_change_real_positions(norm_first, positional):
+    model = seq2seq(norm_first=norm_first, positional=positional)
     src, tgt = torch.randint(1, 30, (2, 5)), torch.randint(1, 30, (2, 6))
     padded_src = torch.cat([src, torch.full((2, 4), PAD)], dim=1)
     padded_tgt = torch.cat([tgt, torch.full((2, 3), PAD)], dim=1)
@@ -100,12 +106,17 @@ def test_padding_does_not_change_real_positions(norm_first):
     assert (padded[:, :6] - plain).abs().max() <= 1e-5
 
 
-def test_positional_encoding_values_and_length_limit():
+def test_positional_encoding_values():
     pe = SinusoidalPositionalEncoding(8, max_len=10)
     assert torch.allclose(pe.table[0], torch.tensor([0.0, 1.0] * 4))
     assert torch.isclose(pe.table[3, 2], torch.sin(torch.tensor(3.0) / 10000 ** (2 / 8)))
-    with pytest.raises(ValueError, match="max_len"):
-        pe(torch.zeros(1, 11, 8))
+
+
+@pytest.mark.parametrize("positional", POSITIONALS)
+def test_longer_input_than_max_len_is_a_clear_error(positional):
+    model = TransformerLM(model_config(positional=positional, max_len=10), 30)
+    with pytest.raises(ValueError, match="sequence length 11 exceeds model.max_len 10"):
+        model(torch.zeros(1, 11, dtype=torch.long))
 
 
 def test_weight_tying():
