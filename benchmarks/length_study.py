@@ -20,6 +20,7 @@ from datetime import date
 from pathlib import Path
 
 import matplotlib
+import yaml
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -35,9 +36,18 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variants", nargs="+", default=["sinusoidal", "learned", "rope", "alibi"])
     parser.add_argument("--norm-first", action="store_true", help="Pre-LN instead of the params' choice")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="override train params for every variant, e.g. model.dropout=0.0 label_smoothing=0")
     parser.add_argument("--out", default=str(HERE / "length_study"), help="stem of the .md and .png written")
     args = parser.parse_args()
     params = load_params(HERE.parent / "params.yaml")
+    for item in args.set:
+        key, value = item.split("=", 1)
+        *path, last = ["cumsum", "train", *key.split(".")]
+        node = params
+        for part in path:
+            node = node[part]
+        node[last] = yaml.safe_load(value)
     cfg = {stage: stage_config(params, "cumsum", stage) for stage in ("prepare", "tokenize", "train", "evaluate")}
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -58,6 +68,8 @@ def main():
             results[variant] = {"train_s": round(seconds, 1), "exact_match": metrics["greedy"]["exact_match"],
                                 "by_length": metrics["by_length"]}
     norm = "Pre-LN" if args.norm_first or cfg["train"].model.norm_first else "Post-LN"
+    if args.set:
+        norm += ", " + ", ".join(args.set)
     write_page(results, norm, Path(args.out))
     print(json.dumps({"benchmark": "length_study", "date": date.today().isoformat(), "norm": norm,
                       "results": results}, indent=2))
