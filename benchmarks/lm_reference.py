@@ -24,11 +24,11 @@ from torch import nn
 
 from lib import checkpoint, training
 from lib.config import LMTrainConfig, ModelConfig, TokenizeConfig
-from lib.data import read_text_ids
+from lib.data import read_text
 from lib.evaluation import split_loss
 from lib.model import build_model
 from lib.tasks import run_prepare, shakespeare
-from lib.tokenizer import load_tokenizer, run as run_tokenize
+from lib.tokenizer import encode_text, load_tokenizer, run as run_tokenize
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -100,7 +100,7 @@ def main():
         wall = time.perf_counter() - start
         steps = (tmp / "live" / "plots" / "metrics" / "train" / "loss.tsv").read_text().count("\n") - 1
         model_, state = checkpoint.load_model(tmp / "model.pt")
-        valid = read_text_ids(load_tokenizer(tmp / "tok.json"), tmp / "data", "valid")
+        valid = encode_text(load_tokenizer(tmp / "tok.json"), read_text(tmp / "data", "valid"))
         full_valid = split_loss(model_, valid, 64)
         vocab_size = load_tokenizer(tmp / "tok.json").get_vocab_size()
     ours = build_model(model, "lm", vocab_size, vocab_size, joint_vocab=True).train()

@@ -101,9 +101,3 @@ def read_text(data_dir: str | Path, split: str) -> str:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: split not found (run the prepare stage first)")
     return path.read_text(encoding="utf-8")
-
-
-def read_text_ids(tokenizer, data_dir: str | Path, split: str) -> torch.Tensor:
-    """A text split encoded as one long sequence of ids (no specials): (N,)."""
-    ids = tokenizer.encode(read_text(data_dir, split), add_special_tokens=False).ids
-    return torch.tensor(ids, dtype=torch.long)

@@ -20,7 +20,7 @@ from lib.data import collate, read_split, read_text, token_budget_batches
 from lib.decoding import greedy_decode, sample
 from lib.metrics import perplexity
 from lib.tasks import get_task
-from lib.tokenizer import decode, encode_pairs, load_tokenizer, special_ids
+from lib.tokenizer import decode, encode, encode_pairs, encode_text, load_tokenizer, special_ids
 from lib.training import mean_loss
 
 
@@ -54,8 +54,9 @@ def evaluate_seq2seq(task, cfg: EvaluateConfig, data_dir, tokenizer_path, model_
         return translate(model, encode_pairs(tokenizer, frame), ids, tokenizer, cfg, device)
 
     test = read_split(data_dir, "test")
-    loss = mean_loss(model, encode_pairs(tokenizer, test), ids, cfg.max_tokens, device)
-    hypotheses = translate_frame(test)
+    pairs = encode_pairs(tokenizer, test)
+    loss = mean_loss(model, pairs, ids, cfg.max_tokens, device)
+    hypotheses = translate(model, pairs, ids, tokenizer, cfg, device)
     references = test["tgt"].tolist()
     metrics = {
         "n_test": len(test),
@@ -99,7 +100,7 @@ def evaluate_lm(task, cfg: LMEvaluateConfig, data_dir, tokenizer_path, model_pat
     tokenizer = load_tokenizer(tokenizer_path)
     model, state = checkpoint.load_model(model_path)
     text = read_text(data_dir, "valid")
-    ids = torch.tensor(tokenizer.encode(text, add_special_tokens=False).ids, dtype=torch.long)
+    ids = encode_text(tokenizer, text)
     loss = split_loss(model, ids, state["block_size"])
     chars_per_token = len(text) / len(ids)
     metrics = {
@@ -111,7 +112,7 @@ def evaluate_lm(task, cfg: LMEvaluateConfig, data_dir, tokenizer_path, model_pat
     generator = torch.Generator().manual_seed(cfg.seed)
     rows = []
     for prompt in cfg.prompts:
-        prompt_ids = tokenizer.encode(prompt, add_special_tokens=False).ids
+        prompt_ids = encode(tokenizer, [prompt])[0]
         out = sample(model, prompt_ids, cfg.max_new_tokens, cfg.temperature, cfg.top_k, generator,
                      state["block_size"])
         rows.append({"prompt": prompt, "sample": tokenizer.decode(out[len(prompt_ids):])})

@@ -19,7 +19,7 @@ from lib.config import flatten  # noqa: E402
 from lib.data import collate, read_split, read_text  # noqa: E402
 from lib.masks import padding_mask, target_mask  # noqa: E402
 from lib.tasks import get_task  # noqa: E402
-from lib.tokenizer import encode_pairs, load_tokenizer, special_ids  # noqa: E402
+from lib.tokenizer import encode_pairs, encode_text, load_tokenizer, special_ids  # noqa: E402
 
 
 def metrics_table(metrics: dict) -> str:
@@ -157,9 +157,9 @@ def seq2seq_sections(cfg, data_dir, tokenizer, model, metrics, samples, figures_
 
 @torch.no_grad()
 def lm_sections(cfg, data_dir, tokenizer, model, metrics, samples, figures_dir: Path, rel: Path):
-    ids = tokenizer.encode(read_text(data_dir, "valid"), add_special_tokens=False).ids[: cfg.passage_tokens]
-    _, layers = model.forward_with_attention(torch.tensor([ids]))
-    labels = [visible(tokenizer.id_to_token(i)) for i in ids]
+    ids = encode_text(tokenizer, read_text(data_dir, "valid"))[: cfg.passage_tokens]  # (T,)
+    _, layers = model.forward_with_attention(ids[None])  # per layer (1, H, T, T)
+    labels = [visible(tokenizer.id_to_token(i)) for i in ids.tolist()]
     name = "self_attention.png"
     plot_attention_grid([w[0] for w in layers], labels, labels,
                         "Self-attention over the start of the validation text", figures_dir / name)

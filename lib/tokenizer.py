@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
+import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from lib.checkpoint import atomic_path
@@ -85,6 +86,11 @@ def encode(tokenizer: Tokenizer, texts: list[str]) -> list[list[int]]:
 def encode_pairs(tokenizer: Tokenizer, frame) -> Pairs:
     """A parallel split (columns src, tgt) as token ids."""
     return Pairs(encode(tokenizer, frame["src"].tolist()), encode(tokenizer, frame["tgt"].tolist()))
+
+
+def encode_text(tokenizer: Tokenizer, text: str) -> torch.Tensor:
+    """A whole text (a language-modelling split, a passage) as one sequence of ids: (N,)."""
+    return torch.tensor(encode(tokenizer, [text])[0], dtype=torch.long)
 
 
 def decode(tokenizer: Tokenizer, ids: list[list[int]]) -> list[str]:

@@ -25,13 +25,13 @@ from tqdm import tqdm
 
 from lib import checkpoint
 from lib.config import ConfigError, LMTrainConfig, TrainConfig, flatten
-from lib.data import Pairs, collate, read_split, read_text_ids, token_budget_batches
+from lib.data import Pairs, collate, read_split, read_text, token_budget_batches
 from lib.masks import padding_mask, target_mask
 from lib.metrics import perplexity
 from lib.model import build_model
 from lib.optim import cosine_lr, label_smoothed_nll, noam_lr, weight_decay_groups
 from lib.tasks import get_task
-from lib.tokenizer import SpecialIds, encode_pairs, load_tokenizer, special_ids
+from lib.tokenizer import SpecialIds, encode_pairs, encode_text, load_tokenizer, special_ids
 
 log = logging.getLogger(__name__)
 
@@ -310,8 +310,8 @@ def train_lm(task, cfg: LMTrainConfig, data_dir, tokenizer_path, model_path, che
     run = Session(task, cfg, ("max_iters", "step"), data_dir, tokenizer_path, checkpoint_dir, live_dir, adamw, {},
                   {"sampler": sampler})
     model, optimizer, state, device = run.model, run.optimizer, run.state, run.device
-    train = read_text_ids(run.tokenizer, data_dir, "train")
-    valid = read_text_ids(run.tokenizer, data_dir, "valid")
+    train = encode_text(run.tokenizer, read_text(data_dir, "train"))
+    valid = encode_text(run.tokenizer, read_text(data_dir, "valid"))
     for split, ids in (("train", train), ("valid", valid)):
         if len(ids) <= cfg.block_size:
             raise ConfigError(f"train.block_size: {cfg.block_size} is not shorter than the {split} split "
