@@ -53,17 +53,17 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         run_prepare("cumsum", cfg["prepare"], tmp / "data")
-        tokenizer.run("cumsum", cfg["tokenize"], tmp / "data", tmp / "tok.json")
+        tokenizer.run("cumsum", cfg["tokenize"], tmp / "data", tmp / "tok")
         for variant in args.variants:
             model = dataclasses.replace(cfg["train"].model, positional=variant,
                                         norm_first=args.norm_first or cfg["train"].model.norm_first)
             train_cfg = dataclasses.replace(cfg["train"], model=model)
             run_dir = tmp / variant
             start = time.perf_counter()
-            training.run("cumsum", train_cfg, tmp / "data", tmp / "tok.json", run_dir / "model.pt",
+            training.run("cumsum", train_cfg, tmp / "data", tmp / "tok", run_dir / "model.pt",
                          run_dir / "ckpt", run_dir / "live")
             seconds = time.perf_counter() - start
-            metrics = evaluation.run("cumsum", cfg["evaluate"], tmp / "data", tmp / "tok.json", run_dir / "model.pt",
+            metrics = evaluation.run("cumsum", cfg["evaluate"], tmp / "data", tmp / "tok", run_dir / "model.pt",
                                      run_dir / "metrics.json", run_dir / "samples.jsonl")
             results[variant] = {"train_s": round(seconds, 1), "exact_match": metrics["greedy"]["exact_match"],
                                 "by_length": metrics["by_length"]}

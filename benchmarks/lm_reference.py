@@ -28,7 +28,7 @@ from lib.data import read_text
 from lib.evaluation import split_loss
 from lib.model import build_model
 from lib.tasks import run_prepare, shakespeare
-from lib.tokenizer import encode_text, load_tokenizer, run as run_tokenize
+from lib.tokenizer import encode_text, load_tokenizers, run as run_tokenize
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -93,16 +93,16 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         run_prepare("shakespeare", shakespeare.PrepareConfig(source=args.source, train_fraction=0.9), tmp / "data")
-        run_tokenize("shakespeare", TokenizeConfig(kind="char", min_frequency=1), tmp / "data", tmp / "tok.json")
+        run_tokenize("shakespeare", TokenizeConfig(kind="char", min_frequency=1), tmp / "data", tmp / "tok")
         start = time.perf_counter()
-        training.train_lm("shakespeare", cfg, tmp / "data", tmp / "tok.json", tmp / "model.pt", tmp / "ckpt",
+        training.train_lm("shakespeare", cfg, tmp / "data", tmp / "tok", tmp / "model.pt", tmp / "ckpt",
                           tmp / "live")
         wall = time.perf_counter() - start
         steps = (tmp / "live" / "plots" / "metrics" / "train" / "loss.tsv").read_text().count("\n") - 1
         model_, state = checkpoint.load_model(tmp / "model.pt")
-        valid = encode_text(load_tokenizer(tmp / "tok.json"), read_text(tmp / "data", "valid"))
+        valid = encode_text(load_tokenizers(tmp / "tok").target, read_text(tmp / "data", "valid"))
         full_valid = split_loss(model_, valid, 64)
-        vocab_size = load_tokenizer(tmp / "tok.json").get_vocab_size()
+        vocab_size = load_tokenizers(tmp / "tok").target.get_vocab_size()
     ours = build_model(model, "lm", vocab_size, vocab_size, joint_vocab=True).train()
     reference = TorchReferenceLM(vocab_size, 128, 4, 4, args.d_ff, 64).train()
     timed = step_times({"ours": ours, "torch_reference": reference}, vocab_size, steps=50)

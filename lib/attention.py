@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lib.dropout import Dropout
+
 
 def scaled_dot_product_attention(
     q: torch.Tensor,
@@ -116,7 +118,7 @@ class MultiHeadAttention(nn.Module):
             self.k_proj = nn.Linear(d_model, d_model)
             self.v_proj = nn.Linear(d_model, d_model)
         self.out_proj = nn.Linear(d_model, d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def _project(self, x: torch.Tensor, memory: torch.Tensor | None):
         """Queries from x; keys and values from memory (cross) or x (self)."""

@@ -2,6 +2,7 @@
 
 import os
 import pickle
+import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,6 +29,21 @@ def atomic_path(path: str | Path):
             os.remove(tmp)
 
 
+@contextmanager
+def atomic_dir(path: str | Path):
+    """Yield a fresh temporary directory beside ``path``; it replaces ``path`` only on success."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+        shutil.rmtree(path, ignore_errors=True)
+        tmp.rename(path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def save(obj: dict, path: str | Path):
     with atomic_path(path) as tmp:
         torch.save(obj, tmp)
@@ -48,12 +64,14 @@ def load(path: str | Path, map_location="cpu") -> dict:
         ) from None
 
 
-def save_model(model, kind: str, vocab_size: int, extra: dict, path: str | Path):
-    """A self-describing model file: weights plus what is needed to rebuild them."""
+def save_model(model, kind: str, vocab: dict, extra: dict, path: str | Path):
+    """A self-describing model file: weights plus what is needed to rebuild them.
+
+    ``vocab``: src_vocab_size, tgt_vocab_size and joint_vocab, as build_model takes them.
+    """
     from dataclasses import asdict
 
-    save({"model": model.state_dict(), "model_config": asdict(model.cfg), "kind": kind,
-          "vocab_size": vocab_size, **extra}, path)
+    save({"model": model.state_dict(), "model_config": asdict(model.cfg), "kind": kind, **vocab, **extra}, path)
 
 
 def load_model(path: str | Path, device="cpu"):
@@ -63,7 +81,6 @@ def load_model(path: str | Path, device="cpu"):
 
     state = load(path, map_location=device)
     cfg = from_dict(ModelConfig, state["model_config"], f"{path}: model_config")
-    V = state["vocab_size"]
-    model = build_model(cfg, state["kind"], V, V, joint_vocab=True)
+    model = build_model(cfg, state["kind"], state["src_vocab_size"], state["tgt_vocab_size"], state["joint_vocab"])
     model.load_state_dict(state["model"])
     return model.to(device).eval(), state

@@ -87,6 +87,10 @@ def choose(value: str, field: str, allowed: tuple[str, ...]):
     require(value in allowed, field, f"{value!r} is not one of {', '.join(allowed)}")
 
 
+# bf16 pays off where the CPU multiplies bfloat16 natively (AMX, AVX512-BF16) and on GPUs.
+PRECISIONS = ("fp32", "bf16")
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     d_model: int  # width C of every residual stream
@@ -94,12 +98,15 @@ class ModelConfig:
     encoder_layers: int  # encoder depth (seq2seq only)
     decoder_layers: int  # decoder depth (the LM's depth)
     d_ff: int  # inner width of the position-wise feed-forward
-    dropout: float  # on residual branches, embeddings, attention weights and the feed-forward
+    dropout: float  # on residual branches, embeddings and attention weights (sec. 5.4)
     norm_first: bool  # False: Post-LN as in the paper; True: Pre-LN plus a final LayerNorm
     tie_embeddings: bool  # share target embedding and generator (and source embedding: one vocab)
     fused_qkv: bool  # one (3C, C) input projection instead of three (C, C)
     max_len: int  # longest sequence the model accepts (and the position tables cover)
     positional: str = "sinusoidal"  # sinusoidal | learned (added to embeddings) | rope | alibi (inside attention)
+    # On the feed-forward's inner activation (tensor2tensor's "relu dropout"; not in the paper). On a
+    # CPU its random mask, d_ff wide, costs more than all the other dropout together.
+    activation_dropout: float = 0.0
 
     def __post_init__(self):
         choose(self.positional, "positional", ("sinusoidal", "learned", "rope", "alibi"))
@@ -113,6 +120,7 @@ class ModelConfig:
             f"{self.d_model} is not divisible by n_heads {self.n_heads}",
         )
         require(0.0 <= self.dropout < 1.0, "dropout", "must be in [0, 1)")
+        require(0.0 <= self.activation_dropout < 1.0, "activation_dropout", "must be in [0, 1)")
         if self.positional == "rope":
             require(self.head_dim % 2 == 0, "positional", f"rope needs an even head width, not {self.head_dim}")
 
@@ -126,6 +134,7 @@ class TokenizeConfig:
     kind: str  # word (whitespace-separated words), char (every character) or bpe (byte-pair merges)
     min_frequency: int  # drop words, characters or merges seen fewer times in the training split
     vocab_size: int = 0  # bpe only: the vocabulary's size, special tokens included
+    joint: bool = True  # parallel tasks: one vocabulary for both languages; False: one per side
 
     def __post_init__(self):
         choose(self.kind, "kind", ("word", "char", "bpe"))
@@ -146,11 +155,18 @@ class TrainConfig:
     clip_norm: float  # gradient-norm clipping threshold
     checkpoint_every: int  # steps between resumable checkpoints
     model: ModelConfig
+    precision: str = "fp32"  # fp32, or bf16 (autocast: matmuls in bfloat16, weights and loss in float32)
+    time_budget_minutes: float = 0.0  # stop after the epoch that passes this much training time; 0 = none
+    patience: int = 0  # stop after this many epochs without a better validation loss; 0 = never
+    average_last: int = 1  # model.pt: the average of the last k epochs' weights, when it validates better
 
     def __post_init__(self):
         choose(self.device, "device", ("auto", "cpu", "cuda"))
-        for name in ("epochs", "max_tokens", "warmup", "checkpoint_every"):
+        choose(self.precision, "precision", PRECISIONS)
+        for name in ("epochs", "max_tokens", "warmup", "checkpoint_every", "average_last"):
             require(getattr(self, name) > 0, name, "must be > 0")
+        require(self.time_budget_minutes >= 0, "time_budget_minutes", "must be >= 0")
+        require(self.patience >= 0, "patience", "must be >= 0")
         require(self.lr_factor > 0, "lr_factor", "must be > 0")
         require(self.clip_norm > 0, "clip_norm", "must be > 0")
         require(0.0 <= self.label_smoothing < 1.0, "label_smoothing", "must be in [0, 1)")
@@ -174,9 +190,11 @@ class LMTrainConfig:
     eval_batches: int  # fixed batches each estimate averages over
     checkpoint_every: int  # steps between resumable checkpoints
     model: ModelConfig
+    precision: str = "fp32"  # fp32, or bf16 (autocast: matmuls in bfloat16, weights and loss in float32)
 
     def __post_init__(self):
         choose(self.device, "device", ("auto", "cpu", "cuda"))
+        choose(self.precision, "precision", PRECISIONS)
         choose(self.schedule, "schedule", ("cosine", "noam"))
         for name in ("max_iters", "batch_size", "block_size", "warmup", "eval_every", "eval_batches",
                      "checkpoint_every"):
@@ -208,7 +226,7 @@ class LMEvaluateConfig:
 class EvaluateConfig:
     max_tokens: int  # token budget of a batch, for the loss and for decoding
     max_extra_tokens: int  # a hypothesis has at most source length + this many tokens (eos included)
-    n_samples: int  # test predictions written to samples.jsonl: the first n and the worst n
+    n_samples: int  # the report's example tables: the first n test examples and the worst n
 
     def __post_init__(self):
         require(self.max_tokens > 0, "max_tokens", "must be > 0")

@@ -7,6 +7,7 @@ and samples continuing a few prompts.
 
 import json
 import math
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -20,11 +21,12 @@ from lib.data import collate, read_split, read_text, token_budget_batches
 from lib.decoding import greedy_decode, sample
 from lib.metrics import perplexity
 from lib.tasks import get_task
-from lib.tokenizer import decode, encode, encode_pairs, encode_text, load_tokenizer, special_ids
+from lib.tokenizer import decode, encode, encode_pairs, encode_text, load_tokenizers, special_ids
 from lib.training import mean_loss
 
 
 def translate(model, pairs, ids, tokenizer, cfg: EvaluateConfig, device) -> list[str]:
+    """``tokenizer``: the target side's, which decodes."""
     """Greedy hypotheses for every source in ``pairs``, in the original order."""
     hypotheses = [""] * len(pairs)
     for indices in token_budget_batches(pairs, cfg.max_tokens):
@@ -43,40 +45,44 @@ def write_outputs(metrics: dict, samples: pd.DataFrame, metrics_path, samples_pa
         tmp.write_text(json.dumps(metrics, indent=2) + "\n")
 
 
-def evaluate_seq2seq(task, cfg: EvaluateConfig, data_dir, tokenizer_path, model_path, metrics_path, samples_path):
+def evaluate_seq2seq(task, cfg: EvaluateConfig, data_dir, tokenizer_dir, model_path, metrics_path, samples_path):
     device = torch.device("cpu")
     module = get_task(task)
-    tokenizer = load_tokenizer(tokenizer_path)
-    ids = special_ids(tokenizer)
+    tokenizers = load_tokenizers(tokenizer_dir)
+    ids = special_ids(tokenizers)
     model, _ = checkpoint.load_model(model_path, device)
 
     def translate_frame(frame: pd.DataFrame) -> list[str]:
-        return translate(model, encode_pairs(tokenizer, frame), ids, tokenizer, cfg, device)
+        return translate(model, encode_pairs(tokenizers, frame), ids, tokenizers.target, cfg, device)
 
     test = read_split(data_dir, "test")
-    pairs = encode_pairs(tokenizer, test)
+    pairs = encode_pairs(tokenizers, test)
     loss = mean_loss(model, pairs, ids, cfg.max_tokens, device)
-    hypotheses = translate(model, pairs, ids, tokenizer, cfg, device)
+    valid_loss = mean_loss(model, encode_pairs(tokenizers, read_split(data_dir, "valid")), ids, cfg.max_tokens,
+                           device)
+    started = time.perf_counter()
+    hypotheses = translate(model, pairs, ids, tokenizers.target, cfg, device)
+    greedy_seconds = time.perf_counter() - started
     references = test["tgt"].tolist()
     metrics = {
         "n_test": len(test),
         "loss": loss,
         "perplexity": perplexity(loss),
-        "greedy": module.score(hypotheses, references),
+        "valid_loss": valid_loss,
+        "valid_perplexity": perplexity(valid_loss),
+        "greedy": {**module.score(hypotheses, references), "seconds": greedy_seconds},
     }
     if hasattr(module, "extra_metrics"):  # e.g. cumsum's exact match by sequence length
         metrics.update(module.extra_metrics(translate_frame, Path(data_dir)))
 
-    outputs = pd.DataFrame({
+    scores = [module.sentence_score(h, r) for h, r in zip(hypotheses, references)]
+    worst = pd.Series(scores).rank(method="first").lt(cfg.n_samples + 1)
+    # Every test example; the report shows the first n and the worst n by the task's per-example score.
+    samples = pd.DataFrame({
         "source": test["src"], "reference": references, "greedy": hypotheses,
-        "correct": [h == r for h, r in zip(hypotheses, references)],
-        "score": [module.sentence_score(h, r) for h, r in zip(hypotheses, references)],
+        "correct": [h == r for h, r in zip(hypotheses, references)], "score": scores,
+        "first": test.index < cfg.n_samples, "worst": worst,
     })
-    # The first test examples, and the worst ones by the task's per-example score.
-    samples = pd.concat([
-        outputs.head(cfg.n_samples).assign(kind="first"),
-        outputs.sort_values("score", kind="stable").head(cfg.n_samples).assign(kind="worst"),
-    ])
     write_outputs(metrics, samples, metrics_path, samples_path)
     return metrics
 
@@ -96,8 +102,8 @@ def split_loss(model, ids: torch.Tensor, block_size: int, batch_size: int = 32) 
     return total / (n_blocks * block_size)
 
 
-def evaluate_lm(task, cfg: LMEvaluateConfig, data_dir, tokenizer_path, model_path, metrics_path, samples_path):
-    tokenizer = load_tokenizer(tokenizer_path)
+def evaluate_lm(task, cfg: LMEvaluateConfig, data_dir, tokenizer_dir, model_path, metrics_path, samples_path):
+    tokenizer = load_tokenizers(tokenizer_dir).target
     model, state = checkpoint.load_model(model_path)
     text = read_text(data_dir, "valid")
     ids = encode_text(tokenizer, text)

@@ -12,6 +12,7 @@ from torch import nn
 
 from lib.attention import MultiHeadAttention
 from lib.config import ModelConfig
+from lib.dropout import Dropout
 from lib.masks import causal_mask
 
 
@@ -52,7 +53,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.linear1 = nn.Linear(d_model, d_ff)
         self.linear2 = nn.Linear(d_ff, d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear2(self.dropout(torch.relu(self.linear1(x))))
@@ -73,10 +74,10 @@ class EncoderLayer(nn.Module):
         super().__init__()
         self.norm_first = cfg.norm_first
         self.self_attn = attention(cfg)
-        self.feed_forward = FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout)
+        self.feed_forward = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout)
         self.norm1 = nn.LayerNorm(cfg.d_model)
         self.norm2 = nn.LayerNorm(cfg.d_model)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """x (B, S, C) -> (B, S, C) and the self-attention weights (B, H, S, S)."""
@@ -99,11 +100,11 @@ class DecoderLayer(nn.Module):
         self.norm_first = cfg.norm_first
         self.self_attn = attention(cfg)
         self.cross_attn = attention(cfg)
-        self.feed_forward = FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout)
+        self.feed_forward = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout)
         self.norm1 = nn.LayerNorm(cfg.d_model)
         self.norm2 = nn.LayerNorm(cfg.d_model)
         self.norm3 = nn.LayerNorm(cfg.d_model)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
 
     def forward(self, x, memory, tgt_mask, src_mask):
         """x (B, T, C), memory (B, S, C) -> (B, T, C), self weights (B, H, T, T),
@@ -140,7 +141,7 @@ class Embedding(nn.Module):
             self.positions = LearnedPositionalEmbedding(cfg.d_model, cfg.max_len)
         else:  # rope, alibi: positions act inside attention
             self.positions = nn.Identity()
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
         self.scale = math.sqrt(cfg.d_model)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:

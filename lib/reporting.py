@@ -19,7 +19,7 @@ from lib.config import flatten  # noqa: E402
 from lib.data import collate, read_split, read_text  # noqa: E402
 from lib.masks import padding_mask, target_mask  # noqa: E402
 from lib.tasks import get_task  # noqa: E402
-from lib.tokenizer import encode_pairs, encode_text, load_tokenizer, special_ids  # noqa: E402
+from lib.tokenizer import encode_pairs, encode_text, load_tokenizers, special_ids  # noqa: E402
 
 
 def metrics_table(metrics: dict) -> str:
@@ -116,9 +116,9 @@ def plot_by_length(by_length: dict, trained: tuple[int, int], out: Path):
     plt.close(fig)
 
 
-def seq2seq_sections(cfg, data_dir, tokenizer, model, metrics, samples, figures_dir: Path, rel: Path):
-    ids = special_ids(tokenizer)
-    pairs = encode_pairs(tokenizer, read_split(data_dir, "test"))
+def seq2seq_sections(cfg, data_dir, tokenizers, model, metrics, samples, figures_dir: Path, rel: Path):
+    ids = special_ids(tokenizers)
+    pairs = encode_pairs(tokenizers, read_split(data_dir, "test"))
     examples = list(range(min(cfg.n_attention_examples, len(pairs))))
     batch = collate(pairs, examples, ids)
     maps = attention_maps(model, batch, ids)
@@ -129,9 +129,9 @@ def seq2seq_sections(cfg, data_dir, tokenizer, model, metrics, samples, figures_
              "the future.", ""]
     for i in examples:
         S, T = len(pairs.src[i]), len(pairs.tgt[i]) + 1  # the real lengths, padding cut off
-        src = [tokenizer.id_to_token(t) for t in batch.src[i, :S].tolist()]
-        tgt_in = [tokenizer.id_to_token(t) for t in batch.tgt_in[i, :T].tolist()]
-        predicted = [tokenizer.id_to_token(t) for t in batch.tgt_out[i, :T].tolist()]
+        src = [tokenizers.source.id_to_token(t) for t in batch.src[i, :S].tolist()]
+        tgt_in = [tokenizers.target.id_to_token(t) for t in batch.tgt_in[i, :T].tolist()]
+        predicted = [tokenizers.target.id_to_token(t) for t in batch.tgt_out[i, :T].tolist()]
         shapes = {"encoder self-attention": ("encoder_self", S, S, src, src),
                   "decoder self-attention": ("decoder_self", T, T, predicted, tgt_in),
                   "cross-attention": ("cross", T, S, predicted, src)}
@@ -151,12 +151,16 @@ def seq2seq_sections(cfg, data_dir, tokenizer, model, metrics, samples, figures_
                   "longer than any seen in training.", "", f"![accuracy by length]({rel}/by_length.png)", ""]
     columns = ["source", "reference", "greedy", "correct"]
     for kind, title in (("first", "First test examples"), ("worst", "Worst test examples")):
-        lines += [f"## {title}", "", samples[samples["kind"] == kind][columns].to_markdown(index=False), ""]
+        chosen = samples[samples[kind]]
+        if kind == "worst":
+            chosen = chosen.sort_values("score", kind="stable")
+        lines += [f"## {title}", "", chosen[columns].to_markdown(index=False), ""]
     return lines
 
 
 @torch.no_grad()
-def lm_sections(cfg, data_dir, tokenizer, model, metrics, samples, figures_dir: Path, rel: Path):
+def lm_sections(cfg, data_dir, tokenizers, model, metrics, samples, figures_dir: Path, rel: Path):
+    tokenizer = tokenizers.target
     ids = encode_text(tokenizer, read_text(data_dir, "valid"))[: cfg.passage_tokens]  # (T,)
     _, layers = model.forward_with_attention(ids[None])  # per layer (1, H, T, T)
     labels = [visible(tokenizer.id_to_token(i)) for i in ids.tolist()]
@@ -172,14 +176,14 @@ def lm_sections(cfg, data_dir, tokenizer, model, metrics, samples, figures_dir: 
     return lines
 
 
-def run(task, cfg, data_dir, tokenizer_path, model_path, metrics_path, samples_path, live_dir, report_path,
+def run(task, cfg, data_dir, tokenizer_dir, model_path, metrics_path, samples_path, live_dir, report_path,
         figures_dir):
     report_path, figures_dir, live_dir = Path(report_path), Path(figures_dir), Path(live_dir)
     figures_dir.mkdir(parents=True, exist_ok=True)
     rel = figures_dir.relative_to(report_path.parent)
     metrics = json.loads(Path(metrics_path).read_text())
     samples = pd.read_json(samples_path, lines=True)
-    tokenizer = load_tokenizer(tokenizer_path)
+    tokenizers = load_tokenizers(tokenizer_dir)
     model, state = checkpoint.load_model(model_path)
 
     plot_losses(live_dir, figures_dir / "loss.png")
@@ -190,6 +194,6 @@ def run(task, cfg, data_dir, tokenizer_path, model_path, metrics_path, samples_p
         "## Training curves", "", f"![loss curves and learning rate]({rel}/loss.png)", "",
     ]
     sections = lm_sections if get_task(task).KIND == "lm" else seq2seq_sections
-    lines += sections(cfg, data_dir, tokenizer, model, metrics, samples, figures_dir, rel)
+    lines += sections(cfg, data_dir, tokenizers, model, metrics, samples, figures_dir, rel)
     with checkpoint.atomic_path(report_path) as tmp:
         tmp.write_text("\n".join(lines))

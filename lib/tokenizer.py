@@ -1,7 +1,10 @@
 """Tokenizers trained and loaded through HF ``tokenizers``; special ids come from here.
 
-No other module knows a token id: pad/bos/eos/unk are read from the saved
-``tokenizer.json`` by name.
+The tokenize stage writes a directory: ``tokenizer.json`` for a joint
+vocabulary (and for language models), or ``source.json`` and ``target.json``
+for one vocabulary per language. No other module knows a token id:
+pad/bos/eos/unk are read from the saved files by name, and both sides give
+them the same ids.
 """
 
 from dataclasses import dataclass
@@ -11,12 +14,13 @@ from typing import Iterable
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from lib.checkpoint import atomic_path
+from lib.checkpoint import atomic_dir
 from lib.config import TokenizeConfig
 from lib.data import Pairs
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS = [PAD, BOS, EOS, UNK]
+JOINT, SOURCE, TARGET = "tokenizer.json", "source.json", "target.json"
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,18 @@ def train_tokenizer(cfg: TokenizeConfig, texts: Iterable[str]) -> Tokenizer:
     return tokenizer
 
 
+@dataclass(frozen=True)
+class Tokenizers:
+    """The source and the target side's tokenizers: one object twice for a joint vocabulary."""
+
+    source: Tokenizer
+    target: Tokenizer
+
+    @property
+    def joint(self) -> bool:
+        return self.source is self.target
+
+
 def load_tokenizer(path: str | Path) -> Tokenizer:
     path = Path(path)
     if not path.is_file():
@@ -67,10 +83,25 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     try:
         return Tokenizer.from_file(str(path))
     except Exception as err:  # noqa: BLE001 - tokenizers raises a bare Exception for a bad file
-        raise ValueError(f"{path}: not a readable tokenizer.json ({err}); re-run the tokenize stage") from None
+        raise ValueError(f"{path}: not a readable tokenizer ({err}); re-run the tokenize stage") from None
 
 
-def special_ids(tokenizer: Tokenizer) -> SpecialIds:
+def load_tokenizers(directory: str | Path) -> Tokenizers:
+    """What the tokenize stage wrote into ``directory``: joint, or one tokenizer per side."""
+    directory = Path(directory)
+    if (directory / JOINT).is_file() or not (directory / SOURCE).is_file():
+        joint = load_tokenizer(directory / JOINT)
+        special_ids(joint)
+        return Tokenizers(joint, joint)
+    tokenizers = Tokenizers(load_tokenizer(directory / SOURCE), load_tokenizer(directory / TARGET))
+    if special_ids(tokenizers.source) != special_ids(tokenizers.target):
+        raise ValueError(f"{directory}: {SOURCE} and {TARGET} give the special tokens different ids")
+    return tokenizers
+
+
+def special_ids(tokenizer: "Tokenizer | Tokenizers") -> SpecialIds:
+    if isinstance(tokenizer, Tokenizers):
+        tokenizer = tokenizer.target  # load_tokenizers checked that both sides agree
     ids = {name: tokenizer.token_to_id(token) for name, token in zip(("pad", "bos", "eos", "unk"), SPECIAL_TOKENS)}
     missing = [SPECIAL_TOKENS[i] for i, v in enumerate(ids.values()) if v is None]
     if missing:
@@ -83,9 +114,9 @@ def encode(tokenizer: Tokenizer, texts: list[str]) -> list[list[int]]:
     return [e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
 
 
-def encode_pairs(tokenizer: Tokenizer, frame) -> Pairs:
+def encode_pairs(tokenizers: Tokenizers, frame) -> Pairs:
     """A parallel split (columns src, tgt) as token ids."""
-    return Pairs(encode(tokenizer, frame["src"].tolist()), encode(tokenizer, frame["tgt"].tolist()))
+    return Pairs(encode(tokenizers.source, frame["src"].tolist()), encode(tokenizers.target, frame["tgt"].tolist()))
 
 
 def encode_text(tokenizer: Tokenizer, text: str) -> torch.Tensor:
@@ -97,12 +128,21 @@ def decode(tokenizer: Tokenizer, ids: list[list[int]]) -> list[str]:
     return tokenizer.decode_batch(ids, skip_special_tokens=True)
 
 
-def run(task: str, cfg: TokenizeConfig, data_dir: str | Path, out_path: str | Path) -> Tokenizer:
-    """The tokenize stage: learn from the task's training text, save ``tokenizer.json``."""
+def run(task: str, cfg: TokenizeConfig, data_dir: str | Path, out_dir: str | Path) -> Tokenizers:
+    """The tokenize stage: learn from the task's training text only, save into ``out_dir``."""
     from lib.tasks import get_task  # tasks read data through this module: import here
 
-    tokenizer = train_tokenizer(cfg, get_task(task).tokenizer_texts(cfg, data_dir))
-    special_ids(tokenizer)
-    with atomic_path(out_path) as tmp:
-        tokenizer.save(str(tmp))
-    return tokenizer
+    module = get_task(task)
+    if cfg.joint or module.KIND == "lm":
+        joint = train_tokenizer(cfg, module.tokenizer_texts(cfg, data_dir, "both"))
+        files, tokenizers = {JOINT: joint}, Tokenizers(joint, joint)
+    else:
+        tokenizers = Tokenizers(*(train_tokenizer(cfg, module.tokenizer_texts(cfg, data_dir, side))
+                                  for side in ("source", "target")))
+        files = {SOURCE: tokenizers.source, TARGET: tokenizers.target}
+    for tokenizer in files.values():
+        special_ids(tokenizer)
+    with atomic_dir(out_dir) as tmp:
+        for name, tokenizer in files.items():
+            tokenizer.save(str(tmp / name))
+    return tokenizers

@@ -10,10 +10,12 @@ best weights by validation loss to ``model_path``.
 Dims: B batch, T block length, V vocabulary.
 """
 
+import contextlib
 import hashlib
 import logging
 import math
 import shutil
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -31,7 +33,7 @@ from lib.metrics import perplexity
 from lib.model import build_model
 from lib.optim import cosine_lr, label_smoothed_nll, noam_lr, weight_decay_groups
 from lib.tasks import get_task
-from lib.tokenizer import SpecialIds, encode_pairs, encode_text, load_tokenizer, special_ids
+from lib.tokenizer import SpecialIds, encode_pairs, encode_text, load_tokenizers, special_ids
 
 log = logging.getLogger(__name__)
 
@@ -78,26 +80,30 @@ class Session:
     stale model. Raising the length (epochs, max_iters) continues training.
     """
 
-    def __init__(self, task, cfg, length: tuple[str, str], data_dir, tokenizer_path, checkpoint_dir, live_dir,
-                 make_optimizer, state: dict, generators: dict):
-        """``length``: the param that sets how long to train and the state counter it bounds."""
+    def __init__(self, task, cfg, length: tuple[str, str], data_dir, tokenizer_dir, checkpoint_dir, live_dir,
+                 make_optimizer, state: dict, generators: dict, stop_keys: tuple[str, ...] = ()):
+        """``length``: the param that sets how long to train and the state counter it bounds;
+        ``stop_keys``: other params that only decide when to stop (changing them continues the run)."""
         length_key, self.progress_key = length
         self.kind = get_task(task).KIND
         self.device = resolve_device(cfg.device)
-        self.tokenizer = load_tokenizer(tokenizer_path)
-        self.ids = special_ids(self.tokenizer)
-        self.vocab_size = self.tokenizer.get_vocab_size()
+        self.tokenizers = load_tokenizers(tokenizer_dir)
+        self.ids = special_ids(self.tokenizers)
+        self.vocab = {"src_vocab_size": self.tokenizers.source.get_vocab_size(),
+                      "tgt_vocab_size": self.tokenizers.target.get_vocab_size(),
+                      "joint_vocab": self.tokenizers.joint}
         torch.manual_seed(cfg.seed)
-        self.model = build_model(cfg.model, self.kind, self.vocab_size, self.vocab_size, joint_vocab=True)
+        self.model = build_model(cfg.model, self.kind, **self.vocab)
         self.model.to(self.device)
         self.optimizer = make_optimizer(self.model)
         self.state = {"step": 0, "best_valid_loss": math.inf, **state}
         self.generators = generators
         self.checkpoint_dir = Path(checkpoint_dir)
         self.last_path, self.best_path = self.checkpoint_dir / "last.pt", self.checkpoint_dir / "best.pt"
-        config = {k: v for k, v in asdict(cfg).items() if k != length_key}
+        config = {k: v for k, v in asdict(cfg).items() if k != length_key and k not in stop_keys}
         code = sorted(Path(__file__).parent.rglob("*.py"))
-        self.identity = {"config": config, "inputs": fingerprint([Path(data_dir), Path(tokenizer_path), *code])}
+        self.identity = {"config": config, "inputs": fingerprint([Path(data_dir), Path(tokenizer_dir), *code])}
+        self.precision = cfg.precision
         self.live_dir = live_dir
         self.resumed = self._resume(getattr(cfg, length_key), live_dir)
         self.live = None
@@ -174,13 +180,24 @@ class Session:
         self.live.make_summary()
         if valid_loss < self.state["best_valid_loss"]:
             self.state["best_valid_loss"] = valid_loss
-            checkpoint.save_model(self.model, self.kind, self.vocab_size,
-                                  {"step": self.state["step"], "valid_loss": valid_loss, **extra}, self.best_path)
+            self.save_model({"step": self.state["step"], "valid_loss": valid_loss, **extra}, self.best_path)
+            return True
+        return False
 
-    def finish(self, model_path) -> dict:
+    def save_model(self, extra: dict, path):
+        checkpoint.save_model(self.model, self.kind, self.vocab, extra, path)
+
+    def autocast(self):
+        """The forward pass's precision: bf16 autocast, or nothing changed."""
+        if self.precision == "bf16":
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def finish(self, model_path, source=None) -> dict:
+        """Write ``source`` (default: the best checkpoint) to ``model_path``."""
         self.live.end()
         with checkpoint.atomic_path(model_path) as tmp:
-            shutil.copyfile(self.best_path, tmp)
+            shutil.copyfile(source or self.best_path, tmp)
         return {"step": self.state["step"], "best_valid_loss": self.state["best_valid_loss"],
                 "resumed": self.resumed}
 
@@ -220,22 +237,42 @@ def check_lengths(pairs: Pairs, max_len: int, split: str):
         )
 
 
-def train_seq2seq(task, cfg: TrainConfig, data_dir, tokenizer_path, model_path, checkpoint_dir, live_dir) -> dict:
+def average_weights(paths: list[Path]) -> dict:
+    """The element-wise mean of several saved models' weights (checkpoint averaging)."""
+    states = [checkpoint.load(path)["model"] for path in paths]
+    return {name: sum(state[name].double() for state in states).div(len(states)).to(states[0][name].dtype)
+            for name in states[0]}
+
+
+def stop_reason(cfg: TrainConfig, state: dict) -> str | None:
+    """Why training stops before its next epoch, or None to go on."""
+    if state["epoch"] >= cfg.epochs:
+        return f"trained {cfg.epochs} epochs (train.epochs)"
+    if cfg.time_budget_minutes and state["elapsed_s"] >= 60 * cfg.time_budget_minutes:
+        return f"spent {state['elapsed_s'] / 60:.1f} minutes (train.time_budget_minutes: {cfg.time_budget_minutes})"
+    if cfg.patience and state["epochs_since_best"] >= cfg.patience:
+        return f"no better validation loss for {cfg.patience} epochs (train.patience)"
+    return None
+
+
+def train_seq2seq(task, cfg: TrainConfig, data_dir, tokenizer_dir, model_path, checkpoint_dir, live_dir) -> dict:
+    """Epochs of token-budget batches until ``stop_reason``; model.pt the best (or averaged) weights."""
     def adam(model):
         return torch.optim.Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9)
 
-    run = Session(task, cfg, ("epochs", "epoch"), data_dir, tokenizer_path, checkpoint_dir, live_dir, adam,
-                  {"epoch": 0, "batches_done": 0}, {})
+    run = Session(task, cfg, ("epochs", "epoch"), data_dir, tokenizer_dir, checkpoint_dir, live_dir, adam,
+                  {"epoch": 0, "batches_done": 0, "elapsed_s": 0.0, "epochs_since_best": 0}, {},
+                  stop_keys=("time_budget_minutes", "patience", "average_last"))
     model, optimizer, state, ids, device = run.model, run.optimizer, run.state, run.ids, run.device
-    train = encode_pairs(run.tokenizer, read_split(data_dir, "train"))
-    valid = encode_pairs(run.tokenizer, read_split(data_dir, "valid"))
+    train = encode_pairs(run.tokenizers, read_split(data_dir, "train"))
+    valid = encode_pairs(run.tokenizers, read_split(data_dir, "valid"))
     check_lengths(train, cfg.model.max_len, "train")
     check_lengths(valid, cfg.model.max_len, "valid")
     run.open()
 
     model.train()
-    while state["epoch"] < cfg.epochs:
-        epoch = state["epoch"]
+    while (reason := stop_reason(cfg, state)) is None:
+        epoch, started = state["epoch"], time.perf_counter()
         order = torch.Generator().manual_seed(cfg.seed * 1_000_003 + epoch)
         batches = token_budget_batches(train, cfg.max_tokens, order)
         progress = tqdm(batches[state["batches_done"]:], desc=f"epoch {epoch + 1}/{cfg.epochs}",
@@ -245,7 +282,8 @@ def train_seq2seq(task, cfg: TrainConfig, data_dir, tokenizer_path, model_path, 
             state["step"] += 1
             lr = noam_lr(state["step"], cfg.model.d_model, cfg.warmup, cfg.lr_factor)
             set_lr(optimizer, lr)
-            loss_sum, n_tokens = seq2seq_loss(model, batch, ids, cfg.label_smoothing)
+            with run.autocast():
+                loss_sum, n_tokens = seq2seq_loss(model, batch, ids, cfg.label_smoothing)
             loss = loss_sum / n_tokens
             run.check_finite(loss, "lr_factor")
             loss.backward()
@@ -257,15 +295,39 @@ def train_seq2seq(task, cfg: TrainConfig, data_dir, tokenizer_path, model_path, 
             progress.set_postfix(loss=f"{loss.item():.3f}", lr=f"{lr:.2e}")
             state["batches_done"] += 1
             if state["step"] % cfg.checkpoint_every == 0:
+                state["elapsed_s"] += time.perf_counter() - started
+                started = time.perf_counter()
                 run.save_last()
 
         valid_loss = mean_loss(model, valid, ids, cfg.max_tokens, device)
         log.info("epoch %d: valid loss %.4f", epoch + 1, valid_loss)
         run.log(epoch=epoch + 1)
-        run.record_validation(valid_loss, {})
-        state.update(epoch=epoch + 1, batches_done=0)
+        improved = run.record_validation(valid_loss, {})
+        run.save_model({"step": state["step"], "valid_loss": valid_loss}, run.checkpoint_dir / f"epoch-{epoch + 1}.pt")
+        (run.checkpoint_dir / f"epoch-{epoch + 1 - cfg.average_last}.pt").unlink(missing_ok=True)
+        state.update(epoch=epoch + 1, batches_done=0, elapsed_s=state["elapsed_s"] + time.perf_counter() - started,
+                     epochs_since_best=0 if improved else state["epochs_since_best"] + 1)
         run.save_last()
-    return run.finish(model_path)
+    log.info("stopped: %s", reason)
+    return run.finish(model_path, averaged_model(run, cfg, valid))
+
+
+def averaged_model(run: Session, cfg: TrainConfig, valid: Pairs) -> Path | None:
+    """The average of the last ``average_last`` epochs' weights, when it validates better than the best."""
+    last = [run.checkpoint_dir / f"epoch-{e}.pt" for e in range(run.state["epoch"], 0, -1)][:cfg.average_last]
+    last = [path for path in last if path.is_file()]
+    if len(last) < 2:
+        return None
+    run.model.load_state_dict(average_weights(last))
+    valid_loss = mean_loss(run.model, valid, run.ids, cfg.max_tokens, run.device)
+    log.info("average of the last %d epochs: valid loss %.4f (best single epoch %.4f)", len(last), valid_loss,
+             run.state["best_valid_loss"])
+    run.log(**{"valid/averaged_loss": valid_loss})
+    if valid_loss >= run.state["best_valid_loss"]:
+        return None
+    path = run.checkpoint_dir / "averaged.pt"
+    run.save_model({"step": run.state["step"], "valid_loss": valid_loss, "averaged_epochs": len(last)}, path)
+    return path
 
 
 # --- The decoder-only language model -------------------------------------------------------------
@@ -301,17 +363,17 @@ def lm_lr(step: int, cfg: LMTrainConfig) -> float:
     return noam_lr(step, cfg.model.d_model, cfg.warmup, factor)
 
 
-def train_lm(task, cfg: LMTrainConfig, data_dir, tokenizer_path, model_path, checkpoint_dir, live_dir) -> dict:
+def train_lm(task, cfg: LMTrainConfig, data_dir, tokenizer_dir, model_path, checkpoint_dir, live_dir) -> dict:
     def adamw(model):
         groups = weight_decay_groups(model, cfg.weight_decay)
         return torch.optim.AdamW(groups, lr=0.0, betas=(0.9, cfg.beta2), fused=True)
 
     sampler = torch.Generator().manual_seed(cfg.seed)
-    run = Session(task, cfg, ("max_iters", "step"), data_dir, tokenizer_path, checkpoint_dir, live_dir, adamw, {},
+    run = Session(task, cfg, ("max_iters", "step"), data_dir, tokenizer_dir, checkpoint_dir, live_dir, adamw, {},
                   {"sampler": sampler})
     model, optimizer, state, device = run.model, run.optimizer, run.state, run.device
-    train = encode_text(run.tokenizer, read_text(data_dir, "train"))
-    valid = encode_text(run.tokenizer, read_text(data_dir, "valid"))
+    train = encode_text(run.tokenizers.target, read_text(data_dir, "train"))
+    valid = encode_text(run.tokenizers.target, read_text(data_dir, "valid"))
     for split, ids in (("train", train), ("valid", valid)):
         if len(ids) <= cfg.block_size:
             raise ConfigError(f"train.block_size: {cfg.block_size} is not shorter than the {split} split "
@@ -330,7 +392,8 @@ def train_lm(task, cfg: LMTrainConfig, data_dir, tokenizer_path, model_path, che
         lr = lm_lr(step, cfg)
         set_lr(optimizer, lr)
         x, y = random_blocks(train, cfg.batch_size, cfg.block_size, sampler)
-        loss = lm_loss(model, x.to(device), y.to(device))
+        with run.autocast():
+            loss = lm_loss(model, x.to(device), y.to(device))
         run.check_finite(loss, "lr")
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm, foreach=True)

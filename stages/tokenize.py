@@ -1,4 +1,4 @@
-"""tokenize@<task>: learn the vocabulary from the training split, save tokenizer.json."""
+"""tokenize@<task>: learn the vocabulary from the training split, save it into --out (a directory)."""
 
 from lib.cli import stage_main
 from lib.tokenizer import run

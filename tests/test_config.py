@@ -81,8 +81,8 @@ def test_stage_command_fails_cleanly_and_writes_nothing(tmp_path, tiny_params, s
         tiny_params["tasks"] = ["shakespeare"]
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump(tiny_params))
-    outs = {"prepare": ["--out", "data"], "tokenize": ["--data", "data", "--out", "tok.json"],
-            "train": ["--data", "data", "--tokenizer", "tok.json", "--model", "model.pt",
+    outs = {"prepare": ["--out", "data"], "tokenize": ["--data", "data", "--out", "tok"],
+            "train": ["--data", "data", "--tokenizer", "tok", "--model", "model.pt",
                       "--checkpoints", "ckpt", "--live", "live"]}[stage]
     outs = [str(tmp_path / o) if not o.startswith("--") else o for o in outs]
     result = subprocess.run([sys.executable, "-m", f"stages.{stage}", "cumsum", *outs, "--params", str(params)],
@@ -105,9 +105,9 @@ def test_missing_input_is_named(tmp_path, tiny_params):
     params.write_text(yaml.safe_dump(tiny_params))
     result = subprocess.run(
         [sys.executable, "-m", "stages.tokenize", "cumsum", "--data", str(tmp_path / "nowhere"),
-         "--out", str(tmp_path / "tok.json"), "--params", str(params)],
+         "--out", str(tmp_path / "tok"), "--params", str(params)],
         cwd=ROOT, capture_output=True, text=True,
     )
     assert result.returncode == 2
     assert "nowhere/train.parquet: split not found" in result.stderr
-    assert not (tmp_path / "tok.json").exists()
+    assert not (tmp_path / "tok").exists()

@@ -26,7 +26,7 @@ def lm_built(tmp_path_factory):
     root = tmp_path_factory.mktemp("lm")
     source = root / "play.txt"
     source.write_text(PLAY)
-    p = {"data": root / "data", "tok": root / "tok.json", "model": root / "model.pt", "ckpt": root / "ckpt",
+    p = {"data": root / "data", "tok": root / "tok", "model": root / "model.pt", "ckpt": root / "ckpt",
          "live": root / "live", "metrics": root / "metrics.json", "samples": root / "samples.jsonl",
          "report": root / "report.md", "figures": root / "figures", "source": source}
     run_prepare("shakespeare", shakespeare.PrepareConfig(source=str(source), train_fraction=0.9), p["data"])
@@ -59,7 +59,7 @@ def test_missing_source_is_named():
 
 
 def test_char_tokenizer_round_trips_spaces_and_newlines(lm_built):
-    tok = tokenizer.load_tokenizer(lm_built["tok"])
+    tok = tokenizer.load_tokenizers(lm_built["tok"]).target
     text = "ROMEO:\nWhat say  you?\n\n"
     ids = tok.encode(text, add_special_tokens=False).ids
     assert len(ids) == len(text) and tok.decode(ids) == text

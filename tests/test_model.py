@@ -142,3 +142,23 @@ def test_overfits_one_batch():
         optimizer.zero_grad()
     assert (loss / n).item() < 0.05
     assert torch.equal(logits(model.eval(), src, tgt_in).argmax(-1), tgt_out)
+
+
+def test_byte_dropout_drops_at_its_rate_and_keeps_the_mean():
+    from lib.dropout import Dropout
+
+    layer = Dropout(0.1)
+    x = torch.ones(400, 1000)
+    y = layer(x)
+    dropped = (y == 0).float().mean().item()
+    assert dropped == pytest.approx(26 / 256, abs=0.003)  # 0.1 rounded to a multiple of 1/256
+    assert y.mean().item() == pytest.approx(1.0, abs=0.01)  # kept values scaled by 256/230
+    assert y.unique().tolist() == pytest.approx([0.0, 256 / 230])
+    torch.manual_seed(3)
+    a = layer(x)
+    torch.manual_seed(3)
+    assert torch.equal(a, layer(x))  # the global seed decides the mask: runs and resumes reproduce
+    assert torch.equal(layer.eval()(x), x) and torch.equal(Dropout(0.0)(x), x)
+    odd = torch.ones(30, 5, 7, requires_grad=True)  # a size that is not a multiple of 4
+    layer.train()(odd).sum().backward()
+    assert odd.grad.unique().tolist() == pytest.approx([0.0, 256 / 230])  # the mask's gradient

@@ -48,3 +48,16 @@ def test_loss_is_cross_entropy_against_the_smoothed_target():
     expected = -(dist * F.log_softmax(logits, -1)).sum()
     loss, _ = label_smoothed_nll(logits, target, PAD, 0.1)
     assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_closed_form_gradient_matches_autograd(smoothing):
+    logits = torch.randn(3, 7, 13, dtype=torch.float64, requires_grad=True)
+    target = torch.randint(0, 13, (3, 7))
+    target[0, 4:] = PAD
+    loss, _ = label_smoothed_nll(logits, target, PAD, smoothing)
+    (2.5 * loss).backward()
+    reference = logits.detach().clone().requires_grad_()
+    dist = smoothed_targets(target, 13, PAD, smoothing).double()
+    (2.5 * -(dist * F.log_softmax(reference.reshape(-1, 13), -1)).sum()).backward()
+    assert torch.allclose(logits.grad, reference.grad, atol=1e-12)

@@ -27,7 +27,7 @@ def built(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("pipeline")
     p = {
-        "data": root / "data", "tokenizer": root / "models" / "tokenizer.json",
+        "data": root / "data", "tokenizer": root / "models" / "tokenizer",
         "model": root / "models" / "model.pt", "checkpoints": root / "models" / "checkpoints",
         "live": root / "reports" / "train", "metrics": root / "reports" / "metrics.json",
         "samples": root / "reports" / "samples.jsonl", "report": root / "reports" / "report.md",
@@ -46,7 +46,7 @@ def built(tmp_path_factory):
 
 
 def test_tokenizer_has_specials_and_every_sum(built):
-    tok = tokenizer.load_tokenizer(built["tokenizer"])
+    tok = tokenizer.load_tokenizers(built["tokenizer"]).target
     ids = tokenizer.special_ids(tok)
     assert len({ids.pad, ids.bos, ids.eos, ids.unk}) == 4
     assert all(tok.token_to_id(str(n)) is not None for n in range(73))  # 9 * vocab_length
@@ -73,10 +73,10 @@ def test_evaluate_writes_metrics_and_samples(built):
     assert 0.0 <= metrics["greedy"]["exact_match"] <= 1.0
     assert metrics["perplexity"] > 1.0
     samples = pd.read_json(built["samples"], lines=True, dtype=False)
-    assert list(samples.columns) == ["source", "reference", "greedy", "correct", "score", "kind"]
-    assert samples["kind"].tolist() == ["first"] * 10 + ["worst"] * 10
-    worst = samples[samples["kind"] == "worst"]["score"]
-    assert worst.is_monotonic_increasing and worst.max() <= samples["score"].max()
+    assert list(samples.columns) == ["source", "reference", "greedy", "correct", "score", "first", "worst"]
+    assert len(samples) == 60 and samples["first"].tolist() == [True] * 10 + [False] * 50  # every test example
+    worst = samples[samples["worst"]]["score"]
+    assert len(worst) == 10 and worst.max() <= samples[~samples["worst"]]["score"].min()
     assert sorted(metrics["by_length"], key=int) == [str(n) for n in range(1, 9)]  # 1..vocab_length
 
 
@@ -169,7 +169,7 @@ def test_divergence_stops_with_the_step_and_keeps_the_checkpoint(tmp_path, built
     assert all(torch.isfinite(t).all() for t in last["model"].values())
 
 
-@pytest.mark.parametrize("name", ["model.pt", "tokenizer.json"])
+@pytest.mark.parametrize("name", ["model.pt", "tokenizer.json", "source.json"])
 def test_corrupt_artifact_is_named(tmp_path, built, name):
     bad = tmp_path / name
     bad.write_bytes(b"\x00garbage{" * 20)
@@ -184,10 +184,10 @@ def test_same_params_same_metrics(tmp_path, built):
 
     cfg = lambda stage: stage_config(params, "cumsum", stage)  # noqa: E731
     run_prepare("cumsum", cfg("prepare"), tmp_path / "data")
-    tokenizer.run("cumsum", cfg("tokenize"), tmp_path / "data", tmp_path / "tok.json")
-    training.run("cumsum", cfg("train"), tmp_path / "data", tmp_path / "tok.json", tmp_path / "model.pt",
+    tokenizer.run("cumsum", cfg("tokenize"), tmp_path / "data", tmp_path / "tok")
+    training.run("cumsum", cfg("train"), tmp_path / "data", tmp_path / "tok", tmp_path / "model.pt",
                  tmp_path / "ckpt", tmp_path / "live")
-    evaluation.run("cumsum", cfg("evaluate"), tmp_path / "data", tmp_path / "tok.json", tmp_path / "model.pt",
+    evaluation.run("cumsum", cfg("evaluate"), tmp_path / "data", tmp_path / "tok", tmp_path / "model.pt",
                    tmp_path / "metrics.json", tmp_path / "samples.jsonl")
     assert (tmp_path / "metrics.json").read_bytes() == built["metrics"].read_bytes()
 
@@ -204,7 +204,7 @@ def test_changed_param_is_named_when_starting_afresh(tmp_path, built, tiny_param
 
 def test_drawn_attention_is_what_the_model_computes(built):
     """The heatmaps' weights: rows sum to 1, nothing above the diagonal, nothing on source padding."""
-    tok = tokenizer.load_tokenizer(built["tokenizer"])
+    tok = tokenizer.load_tokenizers(built["tokenizer"])
     ids = tokenizer.special_ids(tok)
     model, _ = checkpoint.load_model(built["model"])
     pairs = tokenizer.encode_pairs(tok, pd.read_parquet(built["data"] / "test.parquet"))

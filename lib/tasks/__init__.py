@@ -1,17 +1,19 @@
 """The tasks: each module says how its data is made or loaded and how it is scored.
 
 A task module defines KIND ("seq2seq" or "lm"), a frozen ``PrepareConfig``,
-``prepare(cfg, out_dir)`` writing its splits, and ``score(hypotheses,
-references)`` returning its metrics.
+``prepare(cfg, out_dir)`` writing its splits, ``tokenizer_texts(cfg,
+data_dir, side)`` giving the training text a tokenizer learns from (side:
+source, target or both), and, for seq2seq tasks, ``score(hypotheses,
+references)`` and ``sentence_score`` returning its metrics.
 """
 
 import importlib
-import shutil
 from pathlib import Path
 
+from lib.checkpoint import atomic_dir
 from lib.config import ConfigError
 
-TASKS = ("cumsum", "shakespeare")
+TASKS = ("cumsum", "multi30k", "shakespeare")
 
 
 def get_task(name: str):
@@ -22,13 +24,5 @@ def get_task(name: str):
 
 def run_prepare(task: str, cfg, out_dir: str | Path):
     """Write the task's data into a fresh directory, replacing ``out_dir`` only when complete."""
-    out_dir = Path(out_dir)
-    tmp = out_dir.with_name(f".{out_dir.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
+    with atomic_dir(out_dir) as tmp:
         get_task(task).prepare(cfg, tmp)
-        shutil.rmtree(out_dir, ignore_errors=True)
-        tmp.rename(out_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)

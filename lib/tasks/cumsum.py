@@ -125,15 +125,17 @@ def sentence_score(hypothesis: str, reference: str) -> float:
     return score([hypothesis], [reference])["token_accuracy"]
 
 
-def tokenizer_texts(cfg, data_dir: Path) -> list[str]:
-    """Training sources and targets, plus every sum the task can produce.
+def tokenizer_texts(cfg, data_dir: Path, side: str) -> list[str]:
+    """Training sources and/or targets, plus every sum the task can produce.
 
     The alphabet line is repeated ``min_frequency`` times so that sums longer
     than any training sequence reaches still enter the vocabulary.
     """
     train = read_split(data_dir, "train")
     alphabet = (Path(data_dir) / "alphabet.txt").read_text().strip()
-    return train["src"].tolist() + train["tgt"].tolist() + [alphabet] * cfg.min_frequency
+    sources = train["src"].tolist() if side in ("source", "both") else []
+    targets = train["tgt"].tolist() + [alphabet] * cfg.min_frequency if side in ("target", "both") else []
+    return sources + targets
 
 
 def score(hypotheses: list[str], references: list[str]) -> dict:

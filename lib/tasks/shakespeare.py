@@ -48,5 +48,6 @@ def prepare(cfg: PrepareConfig, out_dir: Path):
     text_path(out_dir, "valid").write_text(text[cut:], encoding="utf-8")
 
 
-def tokenizer_texts(cfg, data_dir: Path) -> list[str]:
+def tokenizer_texts(cfg, data_dir: Path, side: str) -> list[str]:
+    """The training text (a language model has one side)."""
     return [read_text(data_dir, "train")]

@@ -1,0 +1,141 @@
+"""Training tokens per second: the hand-written Transformer against torch.nn.Transformer.
+
+Both models get the same sizes (default: d_model 256, 8 heads, 3+3 layers,
+feed-forward 1024, dropout 0.1 in the same places: embeddings, residual
+branches, attention weights and the feed-forward's activation), the same
+batches (multi30k token-budget batches when data/multi30k exists, else random
+tokens of 64 x 24 + 24), the same optimizer (Adam, betas 0.9/0.98) and the same
+label smoothing, each with its own idiomatic loss. They are timed alternately,
+round after round, in one process, so that a noisy machine slows both alike.
+Run from the repository root with the venv active:
+    PYTHONPATH=. python benchmarks/train_throughput.py [--precision fp32|bf16] [--rounds 4] [--steps 10]
+Prints one JSON object; tokens are the non-pad source plus target tokens.
+"""
+
+import argparse
+import json
+import math
+import platform
+import time
+from datetime import date
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lib.config import ModelConfig
+from lib.data import Batch, collate, read_split, token_budget_batches
+from lib.masks import padding_mask, target_mask
+from lib.model import SinusoidalPositionalEncoding, Transformer
+from lib.optim import label_smoothed_nll
+from lib.tokenizer import SpecialIds, encode_pairs, load_tokenizers, special_ids
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class TorchReference(nn.Module):
+    """torch.nn.Transformer with the embeddings, positions and tied generator ours has (never used by lib/)."""
+
+    def __init__(self, cfg: ModelConfig, vocab_size: int):
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, cfg.d_model)
+        self.positions = SinusoidalPositionalEncoding(cfg.d_model, cfg.max_len)  # a fixed table, no parameters
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.transformer = nn.Transformer(cfg.d_model, cfg.n_heads, cfg.encoder_layers, cfg.decoder_layers,
+                                          cfg.d_ff, cfg.dropout, batch_first=True)
+        self.generator = nn.Linear(cfg.d_model, vocab_size)
+        self.generator.weight = self.embed.weight
+        self.scale = math.sqrt(cfg.d_model)
+
+    def forward(self, src, tgt, pad_id):
+        embed = lambda ids: self.dropout(self.positions(self.embed(ids) * self.scale))  # noqa: E731
+        causal = torch.ones(tgt.size(1), tgt.size(1), dtype=torch.bool).triu(1)  # True: may not attend
+        hidden = self.transformer(embed(src), embed(tgt), tgt_mask=causal, tgt_is_causal=True,
+                                  src_key_padding_mask=src == pad_id, tgt_key_padding_mask=tgt == pad_id,
+                                  memory_key_padding_mask=src == pad_id)
+        return self.generator(hidden)
+
+
+def ours_loss(model, batch: Batch, ids: SpecialIds, smoothing: float):
+    logits = model(batch.src, batch.tgt_in, padding_mask(batch.src, ids.pad), target_mask(batch.tgt_in, ids.pad))
+    loss, n = label_smoothed_nll(logits, batch.tgt_out, ids.pad, smoothing)
+    return loss / n
+
+
+def torch_loss(model, batch: Batch, ids: SpecialIds, smoothing: float):
+    logits = model(batch.src, batch.tgt_in, ids.pad)
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), batch.tgt_out.reshape(-1),
+                           ignore_index=ids.pad, label_smoothing=smoothing)
+
+
+def load_batches(max_tokens: int, n: int) -> tuple[list[Batch], SpecialIds, int, str]:
+    """n multi30k training batches if the pipeline has built them, else random 64 x 24 + 24 batches."""
+    data, tok = ROOT / "data" / "multi30k", ROOT / "models" / "multi30k" / "tokenizer"
+    if (data / "train.parquet").is_file() and tok.is_dir():
+        tokenizers = load_tokenizers(tok)
+        ids = special_ids(tokenizers)
+        pairs = encode_pairs(tokenizers, read_split(data, "train"))
+        order = token_budget_batches(pairs, max_tokens, torch.Generator().manual_seed(0))[:n]
+        return [collate(pairs, b, ids) for b in order], ids, tokenizers.target.get_vocab_size(), "multi30k"
+    ids, V = SpecialIds(pad=0, bos=1, eos=2, unk=3), 8000
+    g = torch.Generator().manual_seed(0)
+    batches = []
+    for _ in range(n):
+        src, tgt = torch.randint(4, V, (64, 24), generator=g), torch.randint(4, V, (64, 24), generator=g)
+        batches.append(Batch(src, torch.cat([torch.full((64, 1), ids.bos), tgt[:, :-1]], 1), tgt, tgt.numel()))
+    return batches, ids, V, "random 64 x 24 + 24"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--d-model", type=int, default=256)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--layers", type=int, default=3)
+    parser.add_argument("--d-ff", type=int, default=1024)
+    parser.add_argument("--dropout", type=float, default=0.1)
+    parser.add_argument("--max-tokens", type=int, default=2048, help="token budget of a multi30k batch")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    parser.add_argument("--steps", type=int, default=10, help="batches per model per round")
+    parser.add_argument("--rounds", type=int, default=4, help="timed rounds, after one warm-up round")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+
+    cfg = ModelConfig(d_model=args.d_model, n_heads=args.heads, encoder_layers=args.layers,
+                      decoder_layers=args.layers, d_ff=args.d_ff, dropout=args.dropout, norm_first=False,
+                      tie_embeddings=True, fused_qkv=True, max_len=256, activation_dropout=args.dropout)
+    batches, ids, V, source = load_batches(args.max_tokens, args.steps)
+    models = {"ours": (Transformer(cfg, V, V, joint_vocab=True), ours_loss),
+              "torch_nn_transformer": (TorchReference(cfg, V), torch_loss)}
+    optimizers = {name: torch.optim.Adam(m.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+                  for name, (m, _) in models.items()}
+    tokens = sum(b.n_tokens + int((b.src != ids.pad).sum()) for b in batches)
+    seconds = dict.fromkeys(models, 0.0)
+    for round_ in range(args.rounds + 1):  # round 0 warms up
+        for name, (model, loss_fn) in models.items():
+            model.train()
+            start = time.perf_counter()
+            for batch in batches:
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+                    loss = loss_fn(model, batch, ids, 0.1)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
+                optimizers[name].step()
+                optimizers[name].zero_grad(set_to_none=True)
+            if round_:
+                seconds[name] += time.perf_counter() - start
+    rate = {name: tokens * args.rounds / s for name, s in seconds.items()}
+    print(json.dumps({
+        "benchmark": "train_throughput", "date": date.today().isoformat(), "machine": platform.processor() or
+        platform.machine(), "threads": torch.get_num_threads(), "torch": torch.__version__, "batches": source,
+        "precision": args.precision, "model": {k: getattr(cfg, k) for k in ("d_model", "n_heads", "encoder_layers",
+                                                                            "decoder_layers", "d_ff", "dropout")},
+        "tokens_per_step": round(tokens / len(batches)),
+        "tokens_per_s": {name: round(r) for name, r in rate.items()},
+        "ms_per_step": {name: round(s / (args.rounds * len(batches)) * 1000, 1) for name, s in seconds.items()},
+        "ratio_ours_over_torch": round(rate["ours"] / rate["torch_nn_transformer"], 3),
+    }))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,232 @@
+"""The multi30k task on a tiny parallel corpus the tests write: loading, bad data, BPE, BLEU, training."""
+
+import gzip
+import subprocess
+import sys
+import unicodedata
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+import yaml
+
+from lib import checkpoint, evaluation, tokenizer, training
+from lib.config import ConfigError, stage_config
+from lib.tasks import multi30k, run_prepare
+from tests.conftest import ROOT
+
+SHARED = ROOT.parent / "shared" / "data" / "multi30k"
+
+GERMAN = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee.", "Eine Frau liest ein Buch.",
+          "Kinder spielen am Strand.", "Ein Mädchen isst einen Apfel.", "Der Hund läuft über die Wiese."]
+ENGLISH = ["A man rides a bike.", "Two dogs play in the snow.", "A woman reads a book.",
+           "Children play on the beach.", "A girl eats an apple.", "The dog runs across the meadow."]
+
+
+def write_corpus(root: Path, lines: dict[str, list[str]] | None = None) -> Path:
+    """The six raw task-1 files; ``lines`` overrides some, by file name ("val.de")."""
+    root.mkdir(parents=True, exist_ok=True)
+    sizes = {"train": 60, "val": 6, "test_2016_flickr": 6}
+    for prefix, n in sizes.items():
+        for lang, sentences in (("de", GERMAN), ("en", ENGLISH)):
+            text = [sentences[i % len(sentences)] for i in range(n)]
+            text = (lines or {}).get(f"{prefix}.{lang}", text)
+            data = text if isinstance(text, bytes) else ("\n".join(text) + "\n").encode("utf-8")
+            (root / f"{prefix}.{lang}.gz").write_bytes(gzip.compress(data))
+    return root
+
+
+def tiny_params(source: Path, src_lang="de", tgt_lang="en", joint=True) -> dict:
+    return {
+        "tasks": ["multi30k"],
+        "multi30k": {
+            "prepare": {"source": str(source), "src_lang": src_lang, "tgt_lang": tgt_lang},
+            "tokenize": {"kind": "bpe", "vocab_size": 120, "min_frequency": 1, "joint": joint},
+            "train": {
+                "seed": 0, "device": "cpu", "epochs": 2, "max_tokens": 200, "lr_factor": 1.0, "warmup": 5,
+                "label_smoothing": 0.1, "clip_norm": 1.0, "checkpoint_every": 2, "average_last": 2,
+                "model": {"d_model": 16, "n_heads": 2, "encoder_layers": 1, "decoder_layers": 1, "d_ff": 32,
+                          "dropout": 0.1, "norm_first": False, "tie_embeddings": True, "fused_qkv": True,
+                          "max_len": 64},
+            },
+            "evaluate": {"max_tokens": 400, "max_extra_tokens": 5, "n_samples": 3},
+        },
+    }
+
+
+def cfg(params, stage):
+    return stage_config(params, "multi30k", stage)
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    return write_corpus(tmp_path / "raw")
+
+
+def test_local_loader_reads_every_split_nfc_and_stripped(tmp_path, corpus):
+    decomposed = unicodedata.normalize("NFD", "  Ein Mädchen läuft.  ")  # a + combining diaeresis
+    write_corpus(corpus, {"val.de": [decomposed] + GERMAN[1:]})
+    run_prepare("multi30k", cfg(tiny_params(corpus), "prepare"), tmp_path / "data")
+    splits = {s: pd.read_parquet(tmp_path / "data" / f"{s}.parquet") for s in ("train", "valid", "test")}
+    assert [len(f) for f in splits.values()] == [60, 6, 6]
+    assert list(splits["train"].columns) == ["src", "tgt"]
+    assert splits["train"]["src"][1] == GERMAN[1] and splits["train"]["tgt"][1] == ENGLISH[1]
+    assert splits["valid"]["src"][0] == "Ein Mädchen läuft." == unicodedata.normalize("NFC", "Ein Mädchen läuft.")
+
+
+def test_two_params_turn_it_into_english_to_german(tmp_path, corpus):
+    run_prepare("multi30k", cfg(tiny_params(corpus, "en", "de"), "prepare"), tmp_path / "data")
+    train = pd.read_parquet(tmp_path / "data" / "train.parquet")
+    assert train["src"][0] == ENGLISH[0] and train["tgt"][0] == GERMAN[0]
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"val.en": ENGLISH[:5]}, r"val\.de\.gz has 6 lines but .*val\.en\.gz has 5: not parallel"),
+    ({"train.de": GERMAN[:2] + ["   "] + GERMAN[3:]}, r"train\.de\.gz: line 3: empty line"),
+    ({"test_2016_flickr.en": b"A man.\nA \xff dog.\n"}, r"test_2016_flickr\.en\.gz: line 2: not UTF-8"),
+])
+def test_bad_data_is_named_and_leaves_the_earlier_data(tmp_path, corpus, override, message):
+    out = tmp_path / "data"
+    run_prepare("multi30k", cfg(tiny_params(corpus), "prepare"), out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    write_corpus(corpus, override)
+    with pytest.raises(ValueError, match=message):
+        run_prepare("multi30k", cfg(tiny_params(corpus), "prepare"), out)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no half-written directory
+
+
+def test_missing_file_fails_the_stage_with_one_line(tmp_path, corpus):
+    (corpus / "val.en.gz").unlink()
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(tiny_params(corpus)))
+    result = subprocess.run([sys.executable, "-m", "stages.prepare", "multi30k", "--out", str(tmp_path / "data"),
+                             "--params", str(params)], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 2
+    assert result.stderr.strip().endswith("val.en.gz: missing (multi30k.prepare.source must hold the raw task-1 files)")
+    assert "Traceback" not in result.stderr and not (tmp_path / "data").exists()
+
+
+def test_hub_source_maps_language_columns(monkeypatch, tmp_path):
+    import datasets
+
+    rows = {"de": GERMAN, "en": ENGLISH}
+    fake = {split: rows for split in ("train", "validation", "test")}
+    monkeypatch.setattr(datasets, "load_dataset", lambda name: fake)
+    run_prepare("multi30k", cfg(tiny_params("bentrevett/multi30k"), "prepare"), tmp_path / "data")
+    valid = pd.read_parquet(tmp_path / "data" / "valid.parquet")
+    assert valid["src"].tolist() == GERMAN and valid["tgt"].tolist() == ENGLISH
+
+
+def test_unreachable_hub_is_a_clear_error(monkeypatch, tmp_path):
+    import datasets
+
+    def offline(name):
+        raise ConnectionError("no internet")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(ConfigError, match=r"multi30k\.prepare\.source: 'someone/multi30k' is not a local directory"):
+        run_prepare("multi30k", cfg(tiny_params("someone/multi30k"), "prepare"), tmp_path / "data")
+
+
+@pytest.mark.parametrize("joint", [True, False])
+def test_bpe_round_trips_and_specials_come_from_the_artifact(tmp_path, corpus, joint):
+    params = tiny_params(corpus, joint=joint)
+    run_prepare("multi30k", cfg(params, "prepare"), tmp_path / "data")
+    tokenizer.run("multi30k", cfg(params, "tokenize"), tmp_path / "data", tmp_path / "tok")
+    files = sorted(p.name for p in (tmp_path / "tok").iterdir())
+    assert files == (["tokenizer.json"] if joint else ["source.json", "target.json"])
+    toks = tokenizer.load_tokenizers(tmp_path / "tok")
+    assert toks.joint == joint
+    ids = tokenizer.special_ids(toks)
+    for side in (toks.source, toks.target):
+        assert [side.token_to_id(t) for t in tokenizer.SPECIAL_TOKENS] == [ids.pad, ids.bos, ids.eos, ids.unk]
+    test = pd.read_parquet(tmp_path / "data" / "test.parquet")
+    pairs = tokenizer.encode_pairs(toks, test)
+    assert tokenizer.decode(toks.source, pairs.src) == test["src"].tolist()
+    assert tokenizer.decode(toks.target, pairs.tgt) == test["tgt"].tolist()
+    if not joint:  # each side learned from its own language only
+        assert toks.source.token_to_id("▁Hund") is not None and toks.target.token_to_id("▁Hund") is None
+
+
+def test_bleu_and_chrf_on_a_known_example():
+    # By hand: 1- to 4-gram precisions 5/6, 3/5, 2/4, 1/3, no brevity penalty: (1/12) ** (1/4).
+    scores = multi30k.score(["the cat sat on a mat"], ["the cat sat on the mat"])
+    assert scores["bleu"] == pytest.approx(100 * (1 / 12) ** 0.25, abs=1e-6)
+    assert "tok:13a" in scores["bleu_signature"] and "case:mixed" in scores["bleu_signature"]
+    assert multi30k.score(["A dog."], ["A dog."])["chrf"] == pytest.approx(100.0)
+    assert multi30k.sentence_score("a b c d", "a b c d") == pytest.approx(100.0)
+
+
+def build(tmp_path, params, name="run"):
+    paths = (tmp_path / "data", tmp_path / "tok", tmp_path / name / "model.pt", tmp_path / name / "ckpt",
+             tmp_path / name / "live")
+    if not paths[0].exists():
+        run_prepare("multi30k", cfg(params, "prepare"), paths[0])
+        tokenizer.run("multi30k", cfg(params, "tokenize"), paths[0], paths[1])
+    return paths
+
+
+@pytest.mark.parametrize("joint", [True, False])
+def test_trains_evaluates_and_ties_embeddings(tmp_path, corpus, joint):
+    params = tiny_params(corpus, joint=joint)
+    paths = build(tmp_path, params)
+    summary = training.run("multi30k", cfg(params, "train"), *paths)
+    model, state = checkpoint.load_model(paths[2])
+    assert model.generator.weight is model.tgt_embed.tokens.weight
+    assert (model.src_embed.tokens.weight is model.tgt_embed.tokens.weight) == joint
+    assert state["joint_vocab"] == joint and summary["step"] > 0
+    metrics = evaluation.run("multi30k", cfg(params, "evaluate"), paths[0], paths[1], paths[2],
+                             tmp_path / "metrics.json", tmp_path / "samples.jsonl")
+    assert {"bleu", "chrf", "bleu_signature", "seconds"} <= set(metrics["greedy"])
+    assert metrics["valid_perplexity"] > 1.0
+
+
+def test_time_budget_stops_and_a_rerun_resumes_to_the_same_steps(tmp_path, corpus):
+    params = tiny_params(corpus)
+    straight = training.run("multi30k", cfg(params, "train"), *build(tmp_path, params, "straight"))
+    params["multi30k"]["train"]["time_budget_minutes"] = 1e-6  # stops after the first epoch
+    paths = build(tmp_path, params, "resumed")
+    first = training.run("multi30k", cfg(params, "train"), *paths)
+    assert checkpoint.load(paths[3] / "last.pt")["epoch"] == 1 and first["step"] < straight["step"]
+    params["multi30k"]["train"]["time_budget_minutes"] = 0  # a stop param: changing it continues the run
+    second = training.run("multi30k", cfg(params, "train"), *paths)
+    assert second["resumed"] and second["step"] == straight["step"]
+    a = checkpoint.load(tmp_path / "straight" / "ckpt" / "last.pt")["model"]
+    b = checkpoint.load(paths[3] / "last.pt")["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_stop_reasons():
+    params = tiny_params(Path("x"))["multi30k"]["train"]
+    params.update(epochs=10, time_budget_minutes=1.0, patience=3)
+    train_cfg = cfg({"tasks": ["multi30k"], "multi30k": {"train": params}}, "train")
+    state = {"epoch": 4, "elapsed_s": 30.0, "epochs_since_best": 2}
+    assert training.stop_reason(train_cfg, state) is None
+    assert "train.time_budget_minutes" in training.stop_reason(train_cfg, {**state, "elapsed_s": 61.0})
+    assert "train.patience" in training.stop_reason(train_cfg, {**state, "epochs_since_best": 3})
+    assert "train.epochs" in training.stop_reason(train_cfg, {**state, "epoch": 10})
+
+
+def test_average_weights_is_the_elementwise_mean(tmp_path):
+    for i, value in enumerate((1.0, 2.0, 6.0)):
+        checkpoint.save({"model": {"w": torch.full((2, 2), value), "n": torch.tensor([i])}}, tmp_path / f"{i}.pt")
+    mean = training.average_weights([tmp_path / f"{i}.pt" for i in range(3)])
+    assert torch.equal(mean["w"], torch.full((2, 2), 3.0)) and mean["n"].dtype == torch.long
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="no ../shared/data/multi30k on this machine")
+def test_real_multi30k_loads_and_bpe_round_trips(tmp_path):
+    params = tiny_params(SHARED)
+    params["multi30k"]["tokenize"]["vocab_size"] = 8000
+    params["multi30k"]["tokenize"]["min_frequency"] = 2
+    run_prepare("multi30k", cfg(params, "prepare"), tmp_path / "data")
+    sizes = {s: len(pd.read_parquet(tmp_path / "data" / f"{s}.parquet")) for s in ("train", "valid", "test")}
+    assert sizes == {"train": 29000, "valid": 1014, "test": 1000}
+    toks = tokenizer.run("multi30k", cfg(params, "tokenize"), tmp_path / "data", tmp_path / "tok")
+    test = pd.read_parquet(tmp_path / "data" / "test.parquet")
+    for side, column in ((toks.source, "src"), (toks.target, "tgt")):
+        texts = test[column].tolist()
+        decoded = tokenizer.decode(side, tokenizer.encode(side, texts))
+        assert sum(d == t for d, t in zip(decoded, texts)) / len(texts) >= 0.999
