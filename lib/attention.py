@@ -82,9 +82,9 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
     return torch.tensor(slopes)
 
 
-def alibi_bias(slopes: torch.Tensor, q_len: int, k_len: int) -> torch.Tensor:
-    """-slope_h * |i - j| for query position i and key position j: (1, H, Tq, Tk)."""
-    distance = (torch.arange(q_len)[:, None] - torch.arange(k_len)[None, :]).abs()  # (Tq, Tk)
+def alibi_bias(slopes: torch.Tensor, q_len: int, k_len: int, start: int = 0) -> torch.Tensor:
+    """-slope_h * |i - j| for query position i (from ``start``) and key position j: (1, H, Tq, Tk)."""
+    distance = (torch.arange(start, start + q_len)[:, None] - torch.arange(k_len)[None, :]).abs()  # (Tq, Tk)
     return -(slopes.to(distance.device)[:, None, None] * distance)[None]  # (1, H, Tq, Tk)
 
 
@@ -133,6 +133,12 @@ class MultiHeadAttention(nn.Module):
         k, v = F.linear(memory, w[C:], b[C:]).chunk(2, dim=-1)
         return q, k, v
 
+    def _query(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.fused_qkv:
+            return self.q_proj(x)
+        C = x.size(-1)
+        return F.linear(x, self.qkv_proj.weight[:C], self.qkv_proj.bias[:C])
+
     def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
         return x.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)  # (B, H, T, D)
@@ -142,18 +148,33 @@ class MultiHeadAttention(nn.Module):
         x: torch.Tensor,
         memory: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
+        cache: dict | None = None,
+        start: int = 0,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """x (B, Tq, C); memory (B, Tk, C) for cross attention, None for self.
 
-        Returns the output (B, Tq, C) and the weights (B, H, Tq, Tk).
+        Incremental decoding: x holds the tokens at positions start..start+Tq-1 and
+        ``cache`` (a dict this layer fills) the keys and values computed before:
+        self attention appends the new ones, cross attention projects ``memory``
+        once and reuses it. Returns the output (B, Tq, C) and the weights (B, H, Tq, Tk).
         """
         B, Tq, C = x.shape
-        q, k, v = (self._split_heads(t) for t in self._project(x, memory))  # (B, H, T*, D)
+        q_positions = torch.arange(start, start + Tq, device=x.device)
+        if memory is not None and cache is not None and "k" in cache:  # cross attention, keys cached
+            q, k, v = self._split_heads(self._query(x)), cache["k"], cache["v"]
+            if self.rotary is not None:
+                q = self.rotary(q, q_positions)
+        else:
+            q, k, v = (self._split_heads(t) for t in self._project(x, memory))  # (B, H, T*, D)
+            if self.rotary is not None:
+                q = self.rotary(q, q_positions)
+                k = self.rotary(k, q_positions if memory is None else torch.arange(k.size(2), device=k.device))
+            if cache is not None:
+                if memory is None and "k" in cache:  # self attention: the new keys follow the cached ones
+                    k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
+                cache["k"], cache["v"] = k, v
         Tk = k.size(2)
-        if self.rotary is not None:
-            q = self.rotary(q, torch.arange(Tq, device=q.device))
-            k = self.rotary(k, torch.arange(Tk, device=k.device))
-        bias = None if self.alibi_slopes is None else alibi_bias(self.alibi_slopes, Tq, Tk).to(q.dtype)
+        bias = None if self.alibi_slopes is None else alibi_bias(self.alibi_slopes, Tq, Tk, start).to(q.dtype)
         out, weights = scaled_dot_product_attention(q, k, v, mask, self.dropout, bias)  # (B, H, Tq, D)
         out = out.transpose(1, 2).reshape(B, Tq, C)  # (B, Tq, C)
         return self.out_proj(out), weights

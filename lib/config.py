@@ -214,12 +214,14 @@ class LMEvaluateConfig:
     temperature: float  # divides the logits: < 1 sharper, > 1 flatter
     top_k: int  # sample among the k likeliest tokens; 0 = all
     seed: int  # same seed, same samples
+    top_p: float = 1.0  # sample among the likeliest tokens whose probabilities reach p (nucleus); 1 = all
 
     def __post_init__(self):
         require(len(self.prompts) > 0, "prompts", "needs at least one prompt")
         require(self.max_new_tokens > 0, "max_new_tokens", "must be > 0")
         require(self.temperature > 0, "temperature", "must be > 0")
         require(self.top_k >= 0, "top_k", "must be >= 0")
+        require(0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,11 +229,15 @@ class EvaluateConfig:
     max_tokens: int  # token budget of a batch, for the loss and for decoding
     max_extra_tokens: int  # a hypothesis has at most source length + this many tokens (eos included)
     n_samples: int  # the report's example tables: the first n test examples and the worst n
+    beam_size: int = 0  # also decode with beam search of this width (0: greedy only)
+    alpha: float = 0.6  # beam search's length penalty ((5 + length) / 6) ** alpha; 0 = none
 
     def __post_init__(self):
         require(self.max_tokens > 0, "max_tokens", "must be > 0")
         require(self.max_extra_tokens >= 0, "max_extra_tokens", "must be >= 0")
         require(self.n_samples > 0, "n_samples", "must be > 0")
+        require(self.beam_size >= 0, "beam_size", "must be >= 0")
+        require(self.alpha >= 0, "alpha", "must be >= 0")
 
 
 @dataclasses.dataclass(frozen=True)

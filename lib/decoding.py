@@ -1,16 +1,83 @@
-"""Decoding: batched greedy search for the encoder-decoder, sampling for the LM.
+"""Decoding: batched greedy and beam search for the encoder-decoder, sampling for the LM.
 
-Dims: B sentences, S source length, T tokens produced so far, V vocabulary.
+Every search runs incrementally by default: the decoder keeps each layer's
+self-attention keys and values (and the cross-attention ones, computed once
+per sentence) in a cache, so a step costs one token's work instead of the
+whole prefix's. ``use_cache=False`` re-runs the decoder over the prefix at
+every step, as a reference and for the speed benchmark.
+Dims: B sentences, K beams, S source length, T tokens so far, V vocabulary.
 """
 
-import torch
+from dataclasses import dataclass
 
+import torch
+import torch.nn.functional as F
+
+from lib.data import Pairs, collate, token_budget_batches
 from lib.masks import padding_mask, target_mask
 from lib.tokenizer import SpecialIds
 
 
+@dataclass(frozen=True)
+class Hypothesis:
+    tokens: list[int]  # without bos and eos
+    score: float  # log-probability / length penalty (see ``length_penalty``)
+    eos: bool  # ended with eos (False: cut at its length limit); the eos is part of the score
+
+
+def length_penalty(length: torch.Tensor | int, alpha: float):
+    """GNMT's ((5 + |Y|) / 6) ** alpha (Wu et al., 2016); |Y| counts the produced tokens, eos included."""
+    return ((5 + length) / 6) ** alpha
+
+
+class Decoder:
+    """One encoded batch, stepped token by token: logits for the next token of every row."""
+
+    def __init__(self, model, src: torch.Tensor, ids: SpecialIds, use_cache: bool, repeat: int = 1):
+        self.model, self.ids, self.use_cache = model, ids, use_cache
+        src_mask = padding_mask(src, ids.pad)  # (B, 1, 1, S)
+        memory, _ = model.encode(src, src_mask)  # (B, S, C)
+        # Beams: K copies of each sentence, sentence-major (row b * K + k).
+        self.memory, self.src_mask = memory.repeat_interleave(repeat, 0), src_mask.repeat_interleave(repeat, 0)
+        self.cache = model.new_cache() if use_cache else None
+
+    def logits(self, out: torch.Tensor) -> torch.Tensor:
+        """out (R, T) the tokens so far (bos first) -> next-token logits (R, V)."""
+        if self.use_cache:  # only the newest token goes in; the cache holds the rest
+            start = out.size(1) - 1
+            hidden, _ = self.model.decode(out[:, -1:], self.memory, None, self.src_mask, self.cache, start)
+        else:
+            hidden, _ = self.model.decode(out, self.memory, target_mask(out, self.ids.pad), self.src_mask)
+        return self.model.generator(hidden[:, -1]).float()  # (R, V)
+
+    def reorder(self, rows: torch.Tensor):
+        """Keep rows ``rows`` (R,) of the self-attention cache: the beams that survived a step.
+
+        Cross-attention keys stay: every beam of a sentence has the same ones.
+        """
+        if self.cache is not None:
+            for layer in self.cache:
+                layer["self"]["k"] = layer["self"]["k"].index_select(0, rows)
+                layer["self"]["v"] = layer["self"]["v"].index_select(0, rows)
+
+
+def _limits(model, src: torch.Tensor, max_new_tokens: torch.Tensor) -> torch.Tensor:
+    return max_new_tokens.clamp(max=model.cfg.max_len - 1).to(src.device)
+
+
+def _strip(row: list[int], ids: SpecialIds) -> list[int]:
+    """Tokens up to the first eos or pad."""
+    tokens = []
+    for token in row:
+        if token in (ids.eos, ids.pad):
+            break
+        tokens.append(token)
+    return tokens
+
+
 @torch.no_grad()
-def greedy_decode(model, src: torch.Tensor, ids: SpecialIds, max_new_tokens: torch.Tensor) -> list[list[int]]:
+def greedy_decode(model, src: torch.Tensor, ids: SpecialIds, max_new_tokens: torch.Tensor,
+                  use_cache: bool = True) -> list[list[int]]:
     """Most likely next token at each step, for a batch at once.
 
     src (B, S) ids; max_new_tokens (B,) the most tokens each sentence may
@@ -19,28 +86,109 @@ def greedy_decode(model, src: torch.Tensor, ids: SpecialIds, max_new_tokens: tor
     sentence's ids without bos and eos.
     """
     B = src.size(0)
-    src_mask = padding_mask(src, ids.pad)  # (B, 1, 1, S)
-    memory, _ = model.encode(src, src_mask)  # (B, S, C)
-    limit = max_new_tokens.clamp(max=model.cfg.max_len - 1).to(src.device)
+    decoder = Decoder(model, src, ids, use_cache)
+    limit = _limits(model, src, max_new_tokens)
     out = torch.full((B, 1), ids.bos, dtype=torch.long, device=src.device)  # (B, 1)
     finished = torch.zeros(B, dtype=torch.bool, device=src.device)
     for t in range(int(limit.max())):
-        hidden, _ = model.decode(out, memory, target_mask(out, ids.pad), src_mask)  # (B, T, C)
-        next_token = model.generator(hidden[:, -1]).argmax(dim=-1)  # (B,)
+        next_token = decoder.logits(out).argmax(dim=-1)  # (B,)
         next_token = next_token.masked_fill(finished, ids.pad)
         out = torch.cat([out, next_token[:, None]], dim=1)  # (B, T + 1)
         finished |= (next_token == ids.eos) | (t + 1 >= limit)
         if finished.all():
             break
+    return [_strip(row, ids) for row in out[:, 1:].tolist()]
+
+
+@torch.no_grad()
+def beam_search(model, src: torch.Tensor, ids: SpecialIds, max_new_tokens: torch.Tensor, beam_size: int,
+                alpha: float = 0.0, n_best: int = 1, use_cache: bool = True) -> list[list[Hypothesis]]:
+    """The ``beam_size`` best-scoring continuations of each sentence, all sentences and beams at once.
+
+    A hypothesis's score is its log-probability under the model divided by
+    ``length_penalty(length, alpha)``; candidates are ranked by that score at
+    every step, so alpha > 0 stops favouring short outputs. A beam that emits
+    eos (or reaches its sentence's limit, as in ``greedy_decode``) is finished:
+    it keeps its slot and score, continuing with pad at no cost. The search
+    stops when every beam of every sentence has finished. Returns, per
+    sentence, the ``n_best`` hypotheses, best first. With beam_size 1 it is
+    greedy search.
+    """
+    B, K = src.size(0), beam_size
+    device = src.device
+    decoder = Decoder(model, src, ids, use_cache, repeat=K)
+    limit = _limits(model, src, max_new_tokens).repeat_interleave(K)  # (B*K,)
+    out = torch.full((B * K, 1), ids.bos, dtype=torch.long, device=device)  # (B*K, 1)
+    log_prob = torch.zeros(B, K, device=device)
+    log_prob[:, 1:] = float("-inf")  # all beams start equal: let only the first one expand
+    log_prob = log_prob.view(-1)  # (B*K,)
+    length = torch.zeros(B * K, dtype=torch.long, device=device)  # tokens produced, eos included
+    finished = torch.zeros(B * K, dtype=torch.bool, device=device)
+    ended_with_eos = torch.zeros(B * K, dtype=torch.bool, device=device)
+    for _ in range(int(limit.max())):
+        step = F.log_softmax(decoder.logits(out), dim=-1)  # (B*K, V)
+        V = step.size(-1)
+        # A finished beam has one continuation, pad, that changes nothing.
+        step[finished] = float("-inf")
+        step[finished, ids.pad] = 0.0
+        new_length = length + (~finished)  # (B*K,)
+        total = log_prob[:, None] + step  # (B*K, V)
+        ranked = (total / length_penalty(new_length, alpha)[:, None]).view(B, K * V)
+        top = ranked.topk(K, dim=1).indices  # (B, K): beam * V + token
+        rows = (torch.arange(B, device=device)[:, None] * K + top // V).view(-1)  # (B*K,) the parent rows
+        token = (top % V).view(-1)  # (B*K,)
+        log_prob = total.view(B, K * V).gather(1, top).view(-1)
+        was_finished = finished[rows]
+        length = new_length[rows]
+        ended_with_eos = ended_with_eos[rows] | (~was_finished & (token == ids.eos))
+        finished = was_finished | (token == ids.eos) | (length >= limit)
+        out = torch.cat([out[rows], token[:, None]], dim=1)  # (B*K, T + 1)
+        decoder.reorder(rows)
+        if finished.all():
+            break
+    scores = (log_prob / length_penalty(length, alpha)).view(B, K)
+    tokens, eos = out[:, 1:].tolist(), ended_with_eos.tolist()
     results = []
-    for row in out[:, 1:].tolist():
-        tokens = []
-        for token in row:
-            if token in (ids.eos, ids.pad):
-                break
-            tokens.append(token)
-        results.append(tokens)
+    for b in range(B):
+        order = scores[b].argsort(descending=True, stable=True).tolist()
+        results.append([Hypothesis(_strip(tokens[b * K + k], ids), scores[b, k].item(), eos[b * K + k])
+                        for k in order[:n_best] if scores[b, k].isfinite()])
     return results
+
+
+def translate(model, sources: list[list[int]], ids: SpecialIds, max_tokens: int, max_extra_tokens: int,
+              beam_size: int = 0, alpha: float = 0.0, use_cache: bool = True) -> list[list[int]]:
+    """The best output ids for every source, in order: greedy (beam_size 0 or 1) or beam search.
+
+    Sources are batched by length within ``max_tokens``; each may produce its
+    length + ``max_extra_tokens`` tokens (eos included).
+    """
+    device = next(model.parameters()).device
+    pairs = Pairs(sources, [[] for _ in sources])
+    outputs: list[list[int]] = [[] for _ in sources]
+    for indices in token_budget_batches(pairs, max_tokens):
+        src = collate(pairs, indices, ids).src.to(device)  # (B, S)
+        limit = (src != ids.pad).sum(dim=1) + max_extra_tokens  # (B,)
+        if beam_size > 1:
+            best = [b[0].tokens for b in beam_search(model, src, ids, limit, beam_size, alpha, use_cache=use_cache)]
+        else:
+            best = greedy_decode(model, src, ids, limit, use_cache=use_cache)
+        for i, tokens in zip(indices, best):
+            outputs[i] = tokens
+    return outputs
+
+
+@torch.no_grad()
+def sequence_score(model, src: torch.Tensor, ids: SpecialIds, tokens: list[int], eos: bool,
+                   alpha: float = 0.0) -> float:
+    """What beam search reports for one hypothesis, computed by teacher forcing: src (1, S)."""
+    tgt = torch.tensor([[ids.bos] + tokens + ([ids.eos] if eos else [])], device=src.device)  # (1, T + 1)
+    src_mask = padding_mask(src, ids.pad)
+    memory, _ = model.encode(src, src_mask)
+    hidden, _ = model.decode(tgt[:, :-1], memory, target_mask(tgt[:, :-1], ids.pad), src_mask)
+    log_probs = F.log_softmax(model.generator(hidden).float(), dim=-1)  # (1, T, V)
+    total = log_probs[0].gather(1, tgt[0, 1:, None]).sum().item()
+    return total / length_penalty(tgt.size(1) - 1, alpha)
 
 
 @torch.no_grad()
@@ -52,20 +200,30 @@ def sample(
     top_k: int,
     generator: torch.Generator,
     block_size: int,
+    top_p: float = 1.0,
+    use_cache: bool = True,
 ) -> list[int]:
     """Continue ``prompt`` by sampling from the LM, one token at a time.
 
     Logits are divided by ``temperature``; with ``top_k`` > 0 only the k
-    likeliest tokens may be drawn. The model sees at most the last
-    ``block_size`` tokens. ``generator`` (on the CPU) makes it reproducible.
+    likeliest tokens may be drawn, with ``top_p`` < 1 only the smallest set
+    whose probabilities reach p (nucleus sampling). The model sees at most the
+    last ``block_size`` tokens: the cache serves until the text fills the
+    block; past it, the window slides and every position moves, so each step
+    recomputes the window. ``generator`` (on the CPU) makes it reproducible.
     Returns the prompt followed by the new tokens.
     """
     device = next(model.parameters()).device
     ids = torch.tensor([prompt], dtype=torch.long, device=device)  # (1, T)
+    cache, fed = (model.new_cache(), 0) if use_cache else (None, 0)
     for _ in range(max_new_tokens):
-        logits = model(ids[:, -block_size:])[0, -1] / temperature  # (V,)
-        probs = torch.softmax(top_k_filter(logits, top_k).float(), dim=-1).cpu()
-        next_token = torch.multinomial(probs, 1, generator=generator).to(device)  # (1,)
+        if cache is not None and ids.size(1) <= block_size:
+            logits = model(ids[:, fed:], cache, fed)[0, -1]  # the tokens not yet in the cache
+            fed = ids.size(1)
+        else:
+            logits = model(ids[:, -block_size:])[0, -1]  # (V,)
+        logits = top_p_filter(top_k_filter(logits.float() / temperature, top_k), top_p)
+        next_token = torch.multinomial(torch.softmax(logits, dim=-1).cpu(), 1, generator=generator).to(device)
         ids = torch.cat([ids, next_token[None]], dim=1)  # (1, T + 1)
     return ids[0].tolist()
 
@@ -76,3 +234,15 @@ def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
         return logits
     kth = torch.topk(logits, k, dim=-1).values[..., -1:]
     return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """Keep the likeliest tokens until their probabilities sum to at least p, -inf elsewhere; p = 1 keeps all."""
+    if p >= 1.0:
+        return logits
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    probs = torch.softmax(sorted_logits, dim=-1)
+    before = probs.cumsum(dim=-1) - probs  # the mass of the tokens ranked above each one
+    drop_sorted = before >= p  # the first token always stays (before = 0)
+    drop = drop_sorted.scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))

@@ -1,6 +1,8 @@
 """The evaluate stage: held-out loss, decoded outputs, the task's scores, samples.
 
-seq2seq: test loss and perplexity, greedy translations scored by the task.
+seq2seq: test and validation loss and perplexity; greedy (and, with
+``beam_size``, beam-search) translations scored by the task, with the time
+each search took; every test translation in samples.jsonl.
 lm: validation loss over the whole split, bits per character, perplexity,
 and samples continuing a few prompts.
 """
@@ -17,25 +19,18 @@ import torch.nn.functional as F
 from lib import checkpoint
 from lib.checkpoint import atomic_path
 from lib.config import EvaluateConfig, LMEvaluateConfig
-from lib.data import collate, read_split, read_text, token_budget_batches
-from lib.decoding import greedy_decode, sample
+from lib.data import Pairs, read_split, read_text
+from lib.decoding import sample, translate
 from lib.metrics import perplexity
 from lib.tasks import get_task
 from lib.tokenizer import decode, encode, encode_pairs, encode_text, load_tokenizers, special_ids
 from lib.training import mean_loss
 
 
-def translate(model, pairs, ids, tokenizer, cfg: EvaluateConfig, device) -> list[str]:
-    """``tokenizer``: the target side's, which decodes."""
-    """Greedy hypotheses for every source in ``pairs``, in the original order."""
-    hypotheses = [""] * len(pairs)
-    for indices in token_budget_batches(pairs, cfg.max_tokens):
-        batch = collate(pairs, indices, ids).to(device)
-        lengths = (batch.src != ids.pad).sum(dim=1)
-        outputs = greedy_decode(model, batch.src, ids, lengths + cfg.max_extra_tokens)
-        for i, text in zip(indices, decode(tokenizer, outputs)):
-            hypotheses[i] = text
-    return hypotheses
+def translate_texts(model, pairs: Pairs, ids, tokenizer, cfg: EvaluateConfig, beam_size: int = 0) -> list[str]:
+    """Hypotheses for every source in ``pairs``, in order, as text (``tokenizer``: the target side's)."""
+    outputs = translate(model, pairs.src, ids, cfg.max_tokens, cfg.max_extra_tokens, beam_size, cfg.alpha)
+    return decode(tokenizer, outputs)
 
 
 def write_outputs(metrics: dict, samples: pd.DataFrame, metrics_path, samples_path):
@@ -53,25 +48,27 @@ def evaluate_seq2seq(task, cfg: EvaluateConfig, data_dir, tokenizer_dir, model_p
     model, _ = checkpoint.load_model(model_path, device)
 
     def translate_frame(frame: pd.DataFrame) -> list[str]:
-        return translate(model, encode_pairs(tokenizers, frame), ids, tokenizers.target, cfg, device)
+        return translate_texts(model, encode_pairs(tokenizers, frame), ids, tokenizers.target, cfg)
 
     test = read_split(data_dir, "test")
     pairs = encode_pairs(tokenizers, test)
     loss = mean_loss(model, pairs, ids, cfg.max_tokens, device)
     valid_loss = mean_loss(model, encode_pairs(tokenizers, read_split(data_dir, "valid")), ids, cfg.max_tokens,
                            device)
-    started = time.perf_counter()
-    hypotheses = translate(model, pairs, ids, tokenizers.target, cfg, device)
-    greedy_seconds = time.perf_counter() - started
     references = test["tgt"].tolist()
-    metrics = {
-        "n_test": len(test),
-        "loss": loss,
-        "perplexity": perplexity(loss),
-        "valid_loss": valid_loss,
-        "valid_perplexity": perplexity(valid_loss),
-        "greedy": {**module.score(hypotheses, references), "seconds": greedy_seconds},
-    }
+    metrics = {"n_test": len(test), "loss": loss, "perplexity": perplexity(loss), "valid_loss": valid_loss,
+               "valid_perplexity": perplexity(valid_loss)}
+    searches = {"greedy": 0} | ({f"beam{cfg.beam_size}": cfg.beam_size} if cfg.beam_size > 1 else {})
+    outputs = {}
+    for name, beam_size in searches.items():
+        started = time.perf_counter()
+        outputs[name] = translate_texts(model, pairs, ids, tokenizers.target, cfg, beam_size)
+        seconds = time.perf_counter() - started
+        metrics[name] = {**module.score(outputs[name], references), "seconds": seconds,
+                         "sentences_per_s": len(test) / seconds}
+        if beam_size:
+            metrics[name]["alpha"] = cfg.alpha
+    hypotheses = outputs["greedy"]
     if hasattr(module, "extra_metrics"):  # e.g. cumsum's exact match by sequence length
         metrics.update(module.extra_metrics(translate_frame, Path(data_dir)))
 
@@ -82,6 +79,7 @@ def evaluate_seq2seq(task, cfg: EvaluateConfig, data_dir, tokenizer_dir, model_p
         "source": test["src"], "reference": references, "greedy": hypotheses,
         "correct": [h == r for h, r in zip(hypotheses, references)], "score": scores,
         "first": test.index < cfg.n_samples, "worst": worst,
+        **{name: texts for name, texts in outputs.items() if name != "greedy"},  # the beam's, when on
     })
     write_outputs(metrics, samples, metrics_path, samples_path)
     return metrics
@@ -120,7 +118,7 @@ def evaluate_lm(task, cfg: LMEvaluateConfig, data_dir, tokenizer_dir, model_path
     for prompt in cfg.prompts:
         prompt_ids = encode(tokenizer, [prompt])[0]
         out = sample(model, prompt_ids, cfg.max_new_tokens, cfg.temperature, cfg.top_k, generator,
-                     state["block_size"])
+                     state["block_size"], cfg.top_p)
         rows.append({"prompt": prompt, "sample": tokenizer.decode(out[len(prompt_ids):])})
     write_outputs(metrics, pd.DataFrame(rows), metrics_path, samples_path)
     return metrics

@@ -12,10 +12,14 @@ def padding_mask(tokens: torch.Tensor, pad_id: int) -> torch.Tensor:
     return (tokens != pad_id)[:, None, None, :]  # (B, 1, 1, Tk)
 
 
-def causal_mask(length: int, device: torch.device | str | None = None) -> torch.Tensor:
-    """Position t may attend to positions <= t: (1, 1, T, T), lower triangle True."""
-    ones = torch.ones(length, length, dtype=torch.bool, device=device)
-    return torch.tril(ones)[None, None]  # (1, 1, T, T)
+def causal_mask(length: int, device: torch.device | str | None = None, start: int = 0) -> torch.Tensor:
+    """Position t may attend to positions <= t: (1, 1, T, start + T), lower triangle True.
+
+    ``start``: the queries are positions start..start+T-1 and the keys 0..start+T-1
+    (new tokens after ``start`` cached ones).
+    """
+    ones = torch.ones(length, start + length, dtype=torch.bool, device=device)
+    return torch.tril(ones, diagonal=start)[None, None]  # (1, 1, T, start + T)
 
 
 def target_mask(tokens: torch.Tensor, pad_id: int) -> torch.Tensor:

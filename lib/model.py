@@ -29,9 +29,9 @@ class SinusoidalPositionalEncoding(nn.Module):
         # Not a parameter and not saved: rebuilt from the config on load.
         self.register_buffer("table", table, persistent=False)  # (L, C)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
         B, T, C = x.shape
-        return x + self.table[:T]  # (B, T, C)
+        return x + self.table[start:start + T]  # (B, T, C)
 
 
 class LearnedPositionalEmbedding(nn.Module):
@@ -41,9 +41,9 @@ class LearnedPositionalEmbedding(nn.Module):
         super().__init__()
         self.table = nn.Embedding(max_len, d_model)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
         B, T, C = x.shape
-        return x + self.table(torch.arange(T, device=x.device))  # (B, T, C)
+        return x + self.table(torch.arange(start, start + T, device=x.device))  # (B, T, C)
 
 
 class FeedForward(nn.Module):
@@ -79,14 +79,18 @@ class EncoderLayer(nn.Module):
         self.norm2 = nn.LayerNorm(cfg.d_model)
         self.dropout = Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """x (B, S, C) -> (B, S, C) and the self-attention weights (B, H, S, S)."""
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, cache: dict | None = None,
+                start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (B, S, C) -> (B, S, C) and the self-attention weights (B, H, S, S).
+
+        ``cache`` and ``start``: incremental decoding (the LM), as in MultiHeadAttention.
+        """
         if self.norm_first:
-            h, weights = self.self_attn(self.norm1(x), mask=mask)
+            h, weights = self.self_attn(self.norm1(x), mask=mask, cache=cache, start=start)
             x = x + self.dropout(h)
             x = x + self.dropout(self.feed_forward(self.norm2(x)))
         else:
-            h, weights = self.self_attn(x, mask=mask)
+            h, weights = self.self_attn(x, mask=mask, cache=cache, start=start)
             x = self.norm1(x + self.dropout(h))
             x = self.norm2(x + self.dropout(self.feed_forward(x)))
         return x, weights
@@ -106,19 +110,21 @@ class DecoderLayer(nn.Module):
         self.norm3 = nn.LayerNorm(cfg.d_model)
         self.dropout = Dropout(cfg.dropout)
 
-    def forward(self, x, memory, tgt_mask, src_mask):
+    def forward(self, x, memory, tgt_mask, src_mask, cache: dict | None = None, start: int = 0):
         """x (B, T, C), memory (B, S, C) -> (B, T, C), self weights (B, H, T, T),
-        cross weights (B, H, T, S)."""
+        cross weights (B, H, T, S). ``cache`` ({"self": {}, "cross": {}}) and ``start``:
+        incremental decoding, as in MultiHeadAttention."""
+        self_cache, cross_cache = (None, None) if cache is None else (cache["self"], cache["cross"])
         if self.norm_first:
-            h, self_weights = self.self_attn(self.norm1(x), mask=tgt_mask)
+            h, self_weights = self.self_attn(self.norm1(x), mask=tgt_mask, cache=self_cache, start=start)
             x = x + self.dropout(h)
-            h, cross_weights = self.cross_attn(self.norm2(x), memory, src_mask)
+            h, cross_weights = self.cross_attn(self.norm2(x), memory, src_mask, cross_cache, start)
             x = x + self.dropout(h)
             x = x + self.dropout(self.feed_forward(self.norm3(x)))
         else:
-            h, self_weights = self.self_attn(x, mask=tgt_mask)
+            h, self_weights = self.self_attn(x, mask=tgt_mask, cache=self_cache, start=start)
             x = self.norm1(x + self.dropout(h))
-            h, cross_weights = self.cross_attn(x, memory, src_mask)
+            h, cross_weights = self.cross_attn(x, memory, src_mask, cross_cache, start)
             x = self.norm2(x + self.dropout(h))
             x = self.norm3(x + self.dropout(self.feed_forward(x)))
         return x, self_weights, cross_weights
@@ -140,14 +146,19 @@ class Embedding(nn.Module):
         elif cfg.positional == "learned":
             self.positions = LearnedPositionalEmbedding(cfg.d_model, cfg.max_len)
         else:  # rope, alibi: positions act inside attention
-            self.positions = nn.Identity()
+            self.positions = None
         self.dropout = Dropout(cfg.dropout)
         self.scale = math.sqrt(cfg.d_model)
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        if ids.size(1) > self.max_len:
-            raise ValueError(f"sequence length {ids.size(1)} exceeds model.max_len {self.max_len} in params.yaml")
-        return self.dropout(self.positions(self.tokens(ids) * self.scale))  # (B, T, C)
+    def forward(self, ids: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """ids (B, T) at positions start..start+T-1 -> (B, T, C)."""
+        if start + ids.size(1) > self.max_len:
+            raise ValueError(f"sequence length {start + ids.size(1)} exceeds model.max_len {self.max_len} "
+                             "in params.yaml")
+        x = self.tokens(ids) * self.scale
+        if self.positions is not None:
+            x = self.positions(x, start)
+        return self.dropout(x)  # (B, T, C)
 
 
 def _xavier_init(module: nn.Module):
@@ -186,14 +197,22 @@ class Transformer(nn.Module):
             weights.append(w)
         return self.encoder_norm(x), weights
 
-    def decode(self, tgt, memory, tgt_mask, src_mask):
-        """tgt (B, T) ids -> hidden (B, T, C), per-layer [(self (B, H, T, T), cross (B, H, T, S))]."""
-        x = self.tgt_embed(tgt)
+    def decode(self, tgt, memory, tgt_mask, src_mask, cache: list[dict] | None = None, start: int = 0):
+        """tgt (B, T) ids -> hidden (B, T, C), per-layer [(self (B, H, T, T), cross (B, H, T, S))].
+
+        Incremental decoding: ``cache`` from ``new_cache`` holds what the earlier
+        steps computed; tgt is then only the new tokens, at positions from ``start``.
+        """
+        x = self.tgt_embed(tgt, start)
         weights = []
-        for layer in self.decoder_layers:
-            x, self_w, cross_w = layer(x, memory, tgt_mask, src_mask)
+        for i, layer in enumerate(self.decoder_layers):
+            x, self_w, cross_w = layer(x, memory, tgt_mask, src_mask, None if cache is None else cache[i], start)
             weights.append((self_w, cross_w))
         return self.decoder_norm(x), weights
+
+    def new_cache(self) -> list[dict]:
+        """An empty key/value cache: per decoder layer, self and cross attention's."""
+        return [{"self": {}, "cross": {}} for _ in self.decoder_layers]
 
     def forward(self, src, tgt, src_mask, tgt_mask):
         """Teacher-forced logits (B, T, V)."""
@@ -216,18 +235,26 @@ class TransformerLM(nn.Module):
         if cfg.tie_embeddings:
             self.generator.weight = self.embed.tokens.weight
 
-    def forward_with_attention(self, ids):
-        """ids (B, T) -> logits (B, T, V) and per-layer weights [(B, H, T, T)]."""
-        x = self.embed(ids)
-        mask = causal_mask(ids.size(1), ids.device)  # (1, 1, T, T)
+    def forward_with_attention(self, ids, cache: list[dict] | None = None, start: int = 0):
+        """ids (B, T) -> logits (B, T, V) and per-layer weights [(B, H, T, start + T)].
+
+        Incremental decoding: ``cache`` from ``new_cache`` holds the keys and values
+        of the ``start`` tokens before ids.
+        """
+        x = self.embed(ids, start)
+        mask = causal_mask(ids.size(1), ids.device, start)  # (1, 1, T, start + T)
         weights = []
-        for layer in self.layers:
-            x, w = layer(x, mask)
+        for i, layer in enumerate(self.layers):
+            x, w = layer(x, mask, None if cache is None else cache[i], start)
             weights.append(w)
         return self.generator(self.norm(x)), weights
 
-    def forward(self, ids):
-        return self.forward_with_attention(ids)[0]
+    def forward(self, ids, cache: list[dict] | None = None, start: int = 0):
+        return self.forward_with_attention(ids, cache, start)[0]
+
+    def new_cache(self) -> list[dict]:
+        """An empty key/value cache, one dict per layer."""
+        return [{} for _ in self.layers]
 
 
 def build_model(cfg: ModelConfig, kind: str, src_vocab_size: int, tgt_vocab_size: int, joint_vocab: bool):

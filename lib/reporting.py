@@ -149,7 +149,7 @@ def seq2seq_sections(cfg, data_dir, tokenizers, model, metrics, samples, figures
         lines += ["## Accuracy by sequence length", "",
                   "Exact-sequence match on held-out sequences of every length, including lengths "
                   "longer than any seen in training.", "", f"![accuracy by length]({rel}/by_length.png)", ""]
-    columns = ["source", "reference", "greedy", "correct"]
+    columns = ["source", "reference", "greedy", *[c for c in samples.columns if c.startswith("beam")], "correct"]
     for kind, title in (("first", "First test examples"), ("worst", "Worst test examples")):
         chosen = samples[samples[kind]]
         if kind == "worst":

@@ -1,6 +1,7 @@
 """The decoder-only LM task: split, blocks, weight decay groups, sampling, and its stages."""
 
 import json
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -146,3 +147,20 @@ def test_bad_source_is_named_and_nothing_is_written(tmp_path, content, message):
         run_prepare("shakespeare", cfg, out)
     assert (out / "train.txt").read_text() == "an earlier, good split"  # the earlier output is kept
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "play.txt"]  # no temporary left behind
+
+
+def test_generate_continues_a_prompt(tmp_path, lm_built, capsys):
+    from lib import generate
+
+    models = tmp_path / "models"
+    shutil.copytree(lm_built["tok"], models / "tokenizer")
+    shutil.copyfile(lm_built["model"], models / "model.pt")
+    run = ["--task", "shakespeare", "--models", str(models), "--max-new-tokens", "25", "--top-k", "5"]
+    generate.main(run + ["--prompt", "ROMEO:\n", "--top-p", "0.9", "--seed", "3"])
+    first = capsys.readouterr().out
+    assert first.startswith("ROMEO:\n") and len(first) == len("ROMEO:\n") + 25 + 1  # one character a token
+    generate.main(run + ["--prompt", "ROMEO:\n", "--top-p", "0.9", "--seed", "3"])
+    assert capsys.readouterr().out == first  # seeded
+    with pytest.raises(SystemExit):
+        generate.main(run + ["--prompt", ""])
+    assert "--prompt is required" in capsys.readouterr().err

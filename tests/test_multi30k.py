@@ -1,6 +1,8 @@
 """The multi30k task on a tiny parallel corpus the tests write: loading, bad data, BPE, BLEU, training."""
 
 import gzip
+import re
+import shutil
 import subprocess
 import sys
 import unicodedata
@@ -230,3 +232,47 @@ def test_real_multi30k_loads_and_bpe_round_trips(tmp_path):
         texts = test[column].tolist()
         decoded = tokenizer.decode(side, tokenizer.encode(side, texts))
         assert sum(d == t for d, t in zip(decoded, texts)) / len(texts) >= 0.999
+
+
+@pytest.fixture
+def trained(tmp_path, corpus):
+    """A tiny trained model laid out as the pipeline writes it: models/multi30k/{model.pt,tokenizer/}."""
+    params = tiny_params(corpus)
+    data, tok, model, ckpt, live = build(tmp_path, params)
+    training.run("multi30k", cfg(params, "train"), data, tok, model, ckpt, live)
+    models = tmp_path / "models" / "multi30k"
+    models.mkdir(parents=True)
+    shutil.copytree(tok, models / "tokenizer")
+    shutil.copyfile(model, models / "model.pt")
+    return models
+
+
+def test_generate_translates_a_file_line_by_line(tmp_path, trained, capsys):
+    from lib import generate
+
+    lines = [GERMAN[0], "", " ".join(["Hund"] * 80), GERMAN[1]]  # an empty line, an over-long one
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (tmp_path / "one.txt").write_text(GERMAN[1] + "\n", encoding="utf-8")
+    for beam in ("1", "3"):
+        run = ["--task", "multi30k", "--models", str(trained), "--beam-size", beam]
+        generate.main(run + ["--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "out.txt")])
+        out = (tmp_path / "out.txt").read_text(encoding="utf-8").split("\n")
+        assert len(out) == 5 and out[4] == ""  # one line per input line
+        assert out[1] == "" and out[2] == ""
+        generate.main(run + ["--input", str(tmp_path / "one.txt"), "--output", str(tmp_path / "one.out")])
+        assert (tmp_path / "one.out").read_text(encoding="utf-8") == out[3] + "\n"  # alone or in a batch
+        assert re.search(r"line 3: \d+ tokens, more than the model's max_len 64", capsys.readouterr().err)
+
+
+def test_generate_reads_stdin_and_names_a_missing_model(tmp_path, trained, capsys, monkeypatch):
+    import io
+
+    from lib import generate
+
+    monkeypatch.setattr("sys.stdin", io.StringIO(GERMAN[2] + "\n\n"))
+    generate.main(["--task", "multi30k", "--models", str(trained), "--input", "-"])
+    assert len(capsys.readouterr().out.split("\n")) == 3
+    with pytest.raises(SystemExit) as exit_info:
+        generate.main(["--task", "multi30k", "--models", str(tmp_path / "nowhere"), "--input", "-"])
+    assert exit_info.value.code == 2
+    assert "tokenizer.json: tokenizer not found (run the tokenize stage first)" in capsys.readouterr().err

@@ -1,0 +1,66 @@
+"""Decoding speed with and without the key/value cache, greedy and beam search, on the multi30k test set.
+
+Needs the trained multi30k model (`dvc repro` with multi30k in `tasks`). Each
+search runs cached and uncached in the same process, one after the other, on
+the same batches; outputs must be identical, and the BLEU of each is printed.
+Run from the repository root with the venv active:
+    PYTHONPATH=. python benchmarks/decode_speed.py [--beam-size 5] [--alpha 0.6]
+Prints one JSON object.
+"""
+
+import argparse
+import json
+import platform
+import time
+from datetime import date
+from pathlib import Path
+
+import torch
+
+from lib import checkpoint
+from lib.data import read_split
+from lib.decoding import translate
+from lib.tasks import multi30k
+from lib.tokenizer import decode, encode_pairs, load_tokenizers, special_ids
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", default=str(ROOT / "data" / "multi30k"))
+    parser.add_argument("--models", default=str(ROOT / "models" / "multi30k"))
+    parser.add_argument("--beam-size", type=int, default=5)
+    parser.add_argument("--alpha", type=float, default=0.6)
+    parser.add_argument("--max-tokens", type=int, default=8192)
+    parser.add_argument("--max-extra-tokens", type=int, default=20)
+    args = parser.parse_args()
+
+    tokenizers = load_tokenizers(Path(args.models) / "tokenizer")
+    ids = special_ids(tokenizers)
+    model, _ = checkpoint.load_model(Path(args.models) / "model.pt")
+    test = read_split(args.data, "test")
+    sources = encode_pairs(tokenizers, test).src
+    references = test["tgt"].tolist()
+    results = {}
+    for name, beam in (("greedy", 0), (f"beam{args.beam_size}", args.beam_size)):
+        runs = {}
+        for cached in (True, False):
+            start = time.perf_counter()
+            outputs = translate(model, sources, ids, args.max_tokens, args.max_extra_tokens, beam, args.alpha,
+                                use_cache=cached)
+            seconds = time.perf_counter() - start
+            runs["cached" if cached else "uncached"] = {
+                "seconds": round(seconds, 2), "sentences_per_s": round(len(sources) / seconds, 1),
+                "bleu": round(multi30k.score(decode(tokenizers.target, outputs), references)["bleu"], 2),
+                "outputs": outputs}
+        identical = runs["cached"].pop("outputs") == runs["uncached"].pop("outputs")
+        results[name] = {**runs, "speedup": round(runs["uncached"]["seconds"] / runs["cached"]["seconds"], 2),
+                         "identical_outputs": identical}
+    print(json.dumps({"benchmark": "decode_speed", "date": date.today().isoformat(),
+                      "machine": platform.machine(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+                      "sentences": len(sources), "alpha": args.alpha, **results}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""Choose beam search's length penalty on the validation split (never the test split).
+
+Needs the trained multi30k model. Decodes the 1,014 validation sentences with
+beam search once per alpha and prints the BLEU of each; put the best in
+params.yaml: multi30k.evaluate.alpha. Run from the repository root:
+    PYTHONPATH=. python benchmarks/tune_alpha.py [--beam-size 5] [--alphas 0 0.3 0.6 0.9 1.2]
+"""
+
+import argparse
+import json
+from datetime import date
+from pathlib import Path
+
+from lib import checkpoint
+from lib.data import read_split
+from lib.decoding import translate
+from lib.tasks import multi30k
+from lib.tokenizer import decode, encode_pairs, load_tokenizers, special_ids
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", default=str(ROOT / "data" / "multi30k"))
+    parser.add_argument("--models", default=str(ROOT / "models" / "multi30k"))
+    parser.add_argument("--beam-size", type=int, default=5)
+    parser.add_argument("--alphas", type=float, nargs="+", default=[0.0, 0.3, 0.6, 0.9, 1.2])
+    args = parser.parse_args()
+
+    tokenizers = load_tokenizers(Path(args.models) / "tokenizer")
+    ids = special_ids(tokenizers)
+    model, _ = checkpoint.load_model(Path(args.models) / "model.pt")
+    valid = read_split(args.data, "valid")
+    sources = encode_pairs(tokenizers, valid).src
+    bleu = {"greedy": multi30k.score(decode(tokenizers.target, translate(model, sources, ids, 8192, 20)),
+                                     valid["tgt"].tolist())["bleu"]}
+    for alpha in args.alphas:
+        outputs = translate(model, sources, ids, 8192, 20, args.beam_size, alpha)
+        bleu[f"alpha={alpha}"] = multi30k.score(decode(tokenizers.target, outputs), valid["tgt"].tolist())["bleu"]
+    print(json.dumps({"benchmark": "tune_alpha", "date": date.today().isoformat(), "split": "valid",
+                      "beam_size": args.beam_size, "bleu": {k: round(v, 2) for k, v in bleu.items()}}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,116 @@
+"""Use a trained model: translate a file line by line, or continue a prompt with the LM.
+
+    python -m lib.generate --task multi30k --input FILE --output FILE [--beam-size N] [--alpha A]
+    python -m lib.generate --task shakespeare --prompt TEXT --max-new-tokens N --temperature T --top-k K
+
+``-`` as --input or --output is stdin or stdout. The model and tokenizer come
+from ``models/<task>/`` (what ``dvc repro`` wrote; --models DIR for another
+place). A translation file gets one output line per input line: an empty line
+gives an empty line, and a line longer than the model accepts gets a message
+on stderr and an empty line, so one bad line never stops the file.
+"""
+
+import argparse
+import sys
+import unicodedata
+from pathlib import Path
+
+import torch
+
+from lib import checkpoint
+from lib.checkpoint import atomic_path
+from lib.decoding import sample, translate
+from lib.tasks import get_task
+from lib.tokenizer import decode, encode, load_tokenizers, special_ids
+
+
+def read_lines(path: str) -> list[str]:
+    text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    return text.splitlines()
+
+
+def write_text(path: str, text: str):
+    if path == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    else:
+        with atomic_path(path) as tmp:
+            tmp.write_text(text, encoding="utf-8")
+
+
+def translate_lines(model, tokenizers, lines: list[str], beam_size: int, alpha: float, max_extra_tokens: int,
+                    max_tokens: int) -> tuple[list[str], list[str]]:
+    """One output per line, and the messages about the lines left empty."""
+    ids = special_ids(tokenizers)
+    texts = [unicodedata.normalize("NFC", line).strip() for line in lines]
+    encoded = encode(tokenizers.source, texts)
+    keep, messages = [], []
+    for number, (text, tokens) in enumerate(zip(texts, encoded), start=1):
+        if not text:
+            continue
+        if len(tokens) > model.cfg.max_len:
+            messages.append(f"line {number}: {len(tokens)} tokens, more than the model's max_len "
+                            f"{model.cfg.max_len}; its output is left empty")
+            continue
+        keep.append(number - 1)
+    outputs = translate(model, [encoded[i] for i in keep], ids, max_tokens, max_extra_tokens, beam_size, alpha)
+    translations = [""] * len(lines)
+    for i, text in zip(keep, decode(tokenizers.target, outputs)):
+        translations[i] = text
+    return translations, messages
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m lib.generate", description=__doc__.splitlines()[0])
+    parser.add_argument("--task", required=True, help="a task the pipeline trained (models/<task>/)")
+    parser.add_argument("--models", help="the directory with model.pt and tokenizer/ (default: models/<task>)")
+    translation = parser.add_argument_group("translation (seq2seq tasks)")
+    translation.add_argument("--input", help="one source sentence per line; - for stdin")
+    translation.add_argument("--output", default="-", help="one translation per line; - for stdout (default)")
+    translation.add_argument("--beam-size", type=int, default=1, help="1: greedy (default)")
+    translation.add_argument("--alpha", type=float, default=0.6, help="beam search's length penalty (default 0.6)")
+    translation.add_argument("--max-extra-tokens", type=int, default=20,
+                             help="an output has at most source length + this many tokens (default 20)")
+    translation.add_argument("--max-tokens", type=int, default=8192, help="token budget of a batch")
+    lm = parser.add_argument_group("language model (lm tasks)")
+    lm.add_argument("--prompt", help="the text to continue")
+    lm.add_argument("--max-new-tokens", type=int, default=200)
+    lm.add_argument("--temperature", type=float, default=0.8)
+    lm.add_argument("--top-k", type=int, default=0, help="0: no top-k filter")
+    lm.add_argument("--top-p", type=float, default=1.0, help="1: no nucleus filter")
+    lm.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+
+    try:
+        kind = get_task(args.task).KIND
+        directory = Path(args.models or Path("models") / args.task)
+        tokenizers = load_tokenizers(directory / "tokenizer")
+        model, state = checkpoint.load_model(directory / "model.pt")
+        if state["kind"] != kind:
+            raise ValueError(f"{directory / 'model.pt'} is a {state['kind']} model, but {args.task} is a {kind} task")
+        if kind == "seq2seq":
+            if not args.input:
+                raise ValueError("--input is required to translate (a file, or - for stdin)")
+            if args.beam_size < 1 or args.alpha < 0 or args.max_extra_tokens < 0:
+                raise ValueError("--beam-size must be >= 1, --alpha and --max-extra-tokens >= 0")
+            translations, messages = translate_lines(model, tokenizers, read_lines(args.input), args.beam_size,
+                                                     args.alpha, args.max_extra_tokens, args.max_tokens)
+            for message in messages:
+                print(f"generate: {message}", file=sys.stderr)
+            write_text(args.output, "".join(t + "\n" for t in translations))
+        else:
+            if not args.prompt:
+                raise ValueError("--prompt is required (and must not be empty) to sample from a language model")
+            if args.temperature <= 0 or args.max_new_tokens < 1 or not 0 < args.top_p <= 1 or args.top_k < 0:
+                raise ValueError("--temperature and --max-new-tokens must be > 0, --top-k >= 0, --top-p in (0, 1]")
+            prompt = encode(tokenizers.target, [args.prompt])[0]
+            out = sample(model, prompt, args.max_new_tokens, args.temperature, args.top_k,
+                         torch.Generator().manual_seed(args.seed), state["block_size"], args.top_p)
+            write_text(args.output, args.prompt + tokenizers.target.decode(out[len(prompt):]) + "\n")
+    except (ValueError, FileNotFoundError, OSError) as err:
+        print(f"generate: error: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

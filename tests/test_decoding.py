@@ -1,0 +1,132 @@
+"""Incremental decoding, beam search and sampling against their definitions."""
+
+import pytest
+import torch
+
+from lib.decoding import (Decoder, beam_search, greedy_decode, sample, sequence_score, top_k_filter,
+                          top_p_filter)
+from lib.model import Transformer, TransformerLM
+from lib.tokenizer import SpecialIds
+from tests.conftest import model_config
+
+IDS = SpecialIds(pad=0, bos=1, eos=2, unk=3)
+V = 23
+
+
+def sources(B=6, S=9, seed=0) -> torch.Tensor:
+    """Random source ids with right padding of different lengths: (B, S)."""
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, V, (B, S), generator=g)
+    for b, length in enumerate(torch.randint(2, S + 1, (B,), generator=g).tolist()):
+        src[b, length:] = IDS.pad
+    return src
+
+
+def seq2seq(positional="sinusoidal", norm_first=False, seed=0) -> Transformer:
+    torch.manual_seed(seed)
+    cfg = model_config(positional=positional, norm_first=norm_first, tie_embeddings=True)
+    model = Transformer(cfg, V, V, joint_vocab=True).eval()
+    with torch.no_grad():  # sharper than at initialisation, so that searches differ
+        model.generator.weight.mul_(4.0)
+    return model
+
+
+@pytest.mark.parametrize("positional", ["sinusoidal", "learned", "rope", "alibi"])
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_cached_and_uncached_seq2seq_logits_agree_at_every_step(positional, norm_first):
+    model, src = seq2seq(positional, norm_first), sources()
+    target = torch.randint(4, V, (src.size(0), 12))
+    cached, uncached = Decoder(model, src, IDS, use_cache=True), Decoder(model, src, IDS, use_cache=False)
+    out = torch.full((src.size(0), 1), IDS.bos)
+    for t in range(target.size(1)):
+        assert torch.allclose(cached.logits(out), uncached.logits(out), atol=1e-5), f"step {t}"
+        out = torch.cat([out, target[:, t:t + 1]], dim=1)
+
+
+@pytest.mark.parametrize("positional", ["sinusoidal", "rope", "alibi"])
+def test_cached_and_uncached_lm_logits_agree_at_every_step(positional):
+    torch.manual_seed(0)
+    model = TransformerLM(model_config(positional=positional, norm_first=True), V).eval()
+    ids = torch.randint(0, V, (3, 20))
+    cache = model.new_cache()
+    with torch.no_grad():
+        prefix = model(ids[:, :5], cache, 0)  # a prompt goes in at once
+        assert torch.allclose(prefix, model(ids[:, :5]), atol=1e-5)
+        for t in range(5, ids.size(1)):
+            step = model(ids[:, t:t + 1], cache, t)[:, -1]
+            assert torch.allclose(step, model(ids[:, :t + 1])[:, -1], atol=1e-5), f"step {t}"
+
+
+def test_cached_greedy_equals_uncached_greedy():
+    model, src = seq2seq(), sources(B=8)
+    limit = torch.full((8,), 15)
+    assert greedy_decode(model, src, IDS, limit) == greedy_decode(model, src, IDS, limit, use_cache=False)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_beam_of_one_is_greedy(seed):
+    model, src = seq2seq(seed=seed), sources(B=8, seed=seed)
+    limit = (src != IDS.pad).sum(1) + 3
+    greedy = greedy_decode(model, src, IDS, limit)
+    beams = beam_search(model, src, IDS, limit, beam_size=1)
+    assert [b[0].tokens for b in beams] == greedy
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
+def test_every_reported_score_is_the_models_log_probability(alpha):
+    model, src = seq2seq(), sources(B=5)
+    limit = (src != IDS.pad).sum(1) + 4
+    beams = beam_search(model, src, IDS, limit, beam_size=4, alpha=alpha, n_best=4)
+    for b, hypotheses in enumerate(beams):
+        assert len(hypotheses) == 4
+        assert [h.score for h in hypotheses] == sorted((h.score for h in hypotheses), reverse=True)
+        for h in hypotheses:
+            expected = sequence_score(model, src[b:b + 1], IDS, h.tokens, h.eos, alpha)
+            assert h.score == pytest.approx(expected, abs=1e-4)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+def test_beam_never_scores_below_greedy(alpha):
+    model, src = seq2seq(seed=3), sources(B=16, seed=3)
+    limit = (src != IDS.pad).sum(1) + 4
+    greedy = greedy_decode(model, src, IDS, limit)
+    beams = beam_search(model, src, IDS, limit, beam_size=5, alpha=alpha)
+    better = 0
+    for b, (tokens, best) in enumerate(zip(greedy, beams)):
+        eos = len(tokens) < limit[b]  # greedy stops early only at eos
+        greedy_score = sequence_score(model, src[b:b + 1], IDS, tokens, eos, alpha)
+        assert best[0].score >= greedy_score - 1e-5
+        better += best[0].score > greedy_score + 1e-5
+    assert better > 0  # the search found something greedy missed
+
+
+def test_cached_and_uncached_beams_agree():
+    model, src = seq2seq(), sources(B=6)
+    limit = (src != IDS.pad).sum(1) + 4
+    cached = beam_search(model, src, IDS, limit, beam_size=3, alpha=0.6, n_best=3)
+    uncached = beam_search(model, src, IDS, limit, beam_size=3, alpha=0.6, n_best=3, use_cache=False)
+    assert [[h.tokens for h in b] for b in cached] == [[h.tokens for h in b] for b in uncached]
+
+
+def test_top_k_and_top_p_never_sample_outside_the_allowed_set():
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, 3.0])  # probabilities ~ .23 .09 .05 .03 .01 .6
+    probs = torch.softmax(logits, -1)
+    g = torch.Generator().manual_seed(0)
+    allowed_k = set(logits.topk(2).indices.tolist())  # {5, 0}
+    order = probs.argsort(descending=True)
+    need = int((probs[order].cumsum(0) < 0.85).sum()) + 1  # the smallest set reaching 0.85
+    allowed_p = set(order[:need].tolist())
+    for filtered, allowed in ((top_k_filter(logits, 2), allowed_k), (top_p_filter(logits, 0.85), allowed_p),
+                              (top_p_filter(top_k_filter(logits, 3), 0.5), {5})):
+        draws = torch.multinomial(torch.softmax(filtered, -1), 2000, replacement=True, generator=g)
+        assert set(draws.tolist()) == allowed
+    assert torch.equal(top_p_filter(logits, 1.0), logits) and torch.equal(top_k_filter(logits, 0), logits)
+
+
+def test_sampling_is_seeded_and_cache_free_sampling_matches():
+    torch.manual_seed(0)
+    model = TransformerLM(model_config(max_len=16), V).eval()
+    runs = [sample(model, [5, 6], 30, 0.9, 5, torch.Generator().manual_seed(7), block_size=16, top_p=0.9,
+                   use_cache=cache) for cache in (True, True, False)]
+    assert runs[0] == runs[1] == runs[2]  # past the 16-token block the window slides, cached or not
+    assert len(runs[0]) == 32 and runs[0][:2] == [5, 6]
