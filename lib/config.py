@@ -159,10 +159,12 @@ class TrainConfig:
     time_budget_minutes: float = 0.0  # stop after the epoch that passes this much training time; 0 = none
     patience: int = 0  # stop after this many epochs without a better validation loss; 0 = never
     average_last: int = 1  # model.pt: the average of the last k epochs' weights, when it validates better
+    too_long: str = "fail"  # a pair longer than model.max_len: fail (naming the key) or skip (counted in the log)
 
     def __post_init__(self):
         choose(self.device, "device", ("auto", "cpu", "cuda"))
         choose(self.precision, "precision", PRECISIONS)
+        choose(self.too_long, "too_long", ("fail", "skip"))
         for name in ("epochs", "max_tokens", "warmup", "checkpoint_every", "average_last"):
             require(getattr(self, name) > 0, name, "must be > 0")
         require(self.time_budget_minutes >= 0, "time_budget_minutes", "must be >= 0")
@@ -229,14 +231,14 @@ class EvaluateConfig:
     max_tokens: int  # token budget of a batch, for the loss and for decoding
     max_extra_tokens: int  # a hypothesis has at most source length + this many tokens (eos included)
     n_samples: int  # the report's example tables: the first n test examples and the worst n
-    beam_size: int = 0  # also decode with beam search of this width (0: greedy only)
+    beam_size: int = 1  # > 1: also decode with beam search of this width (1: greedy only)
     alpha: float = 0.6  # beam search's length penalty ((5 + length) / 6) ** alpha; 0 = none
 
     def __post_init__(self):
         require(self.max_tokens > 0, "max_tokens", "must be > 0")
         require(self.max_extra_tokens >= 0, "max_extra_tokens", "must be >= 0")
         require(self.n_samples > 0, "n_samples", "must be > 0")
-        require(self.beam_size >= 0, "beam_size", "must be >= 0")
+        require(self.beam_size >= 1, "beam_size", "must be >= 1 (1: greedy search only)")
         require(self.alpha >= 0, "alpha", "must be >= 0")
 
 

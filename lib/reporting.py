@@ -18,16 +18,51 @@ from lib import checkpoint  # noqa: E402
 from lib.config import flatten  # noqa: E402
 from lib.data import collate, read_split, read_text  # noqa: E402
 from lib.masks import padding_mask, target_mask  # noqa: E402
-from lib.tasks import get_task  # noqa: E402
+from lib.tasks import TASKS, get_task  # noqa: E402
 from lib.tokenizer import encode_pairs, encode_text, load_tokenizers, special_ids  # noqa: E402
 
 
+def _format(value) -> str:
+    return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+
 def metrics_table(metrics: dict) -> str:
-    """Every scalar metric; a per-length breakdown has its own plot instead."""
-    flat = flatten({k: v for k, v in metrics.items() if k != "by_length"})
-    values = [f"{v:.4f}" if isinstance(v, float) else str(v) for v in flat.values()]
-    table = pd.DataFrame({"metric": list(flat), "value": values})
-    return table.to_markdown(index=False, colalign=("left", "right"), disable_numparse=True)
+    """Every scalar metric; the searches (greedy, beam) side by side; a per-length breakdown has its own plot."""
+    searches = {k: v for k, v in metrics.items() if isinstance(v, dict) and (k == "greedy" or k.startswith("beam"))}
+    flat = flatten({k: v for k, v in metrics.items() if k != "by_length" and k not in searches})
+    table = pd.DataFrame({"metric": list(flat), "value": [_format(v) for v in flat.values()]})
+    lines = [table.to_markdown(index=False, colalign=("left", "right"), disable_numparse=True)]
+    if searches:
+        names = [k for k in next(iter(searches.values())) if not k.endswith("signature")]
+        side = pd.DataFrame({"metric": names, **{search: [_format(scores.get(name, "")) for name in names]
+                                                for search, scores in searches.items()}})
+        lines += ["", "Decoding (seconds: the whole test set on this machine's CPU):", "",
+                  side.to_markdown(index=False, disable_numparse=True)]
+        signatures = {k: v for k, v in next(iter(searches.values())).items() if k.endswith("signature")}
+        lines += [""] + [f"- {name.replace('_', ' ')}: `{value}`" for name, value in signatures.items()]
+    return "\n".join(lines)
+
+
+def write_index(reports_dir: Path):
+    """reports/index.md: one row per task with a report, linking it, with its headline metrics.
+
+    Every report stage rewrites it from what is on disk, so it lists the tasks
+    built so far. A task names its headline metrics in ``HEADLINE`` (dotted
+    keys of metrics.json; ``*`` matches any beam width).
+    """
+    from fnmatch import fnmatch
+
+    rows = []
+    for report in sorted(Path(reports_dir).glob("*/report.md")):
+        task, metrics_path = report.parent.name, report.parent / "metrics.json"
+        flat = flatten(json.loads(metrics_path.read_text())) if metrics_path.is_file() else {}
+        patterns = getattr(get_task(task), "HEADLINE", ()) if task in TASKS else ()
+        headline = [f"{k} {_format(v)}" for p in patterns for k, v in flat.items() if fnmatch(k, p)]
+        rows.append({"task": f"[{task}]({task}/report.md)", "headline metrics": ", ".join(headline)})
+    table = pd.DataFrame(rows).to_markdown(index=False, disable_numparse=True)
+    with checkpoint.atomic_path(Path(reports_dir) / "index.md") as tmp:
+        tmp.write_text("# Reports\n\nOne row per task built so far (`dvc repro` rewrites this page).\n\n"
+                       + table + "\n")
 
 
 def read_curve(live_dir: Path, name: str) -> pd.DataFrame | None:
@@ -197,3 +232,4 @@ def run(task, cfg, data_dir, tokenizer_dir, model_path, metrics_path, samples_pa
     lines += sections(cfg, data_dir, tokenizers, model, metrics, samples, figures_dir, rel)
     with checkpoint.atomic_path(report_path) as tmp:
         tmp.write_text("\n".join(lines))
+    write_index(report_path.parent.parent)

@@ -228,13 +228,21 @@ def mean_loss(model, pairs: Pairs, ids: SpecialIds, max_tokens: int, device) -> 
     return total / count
 
 
-def check_lengths(pairs: Pairs, max_len: int, split: str):
-    """Every sequence (with its bos or eos) must fit the positional encoding."""
-    longest = max(max(map(len, pairs.src)), max(map(len, pairs.tgt)) + 1)
-    if longest > max_len:
-        raise ConfigError(
-            f"train.model.max_len: {max_len} is shorter than the longest {split} sequence ({longest} tokens)"
-        )
+def fit_lengths(pairs: Pairs, max_len: int, split: str, too_long: str) -> Pairs:
+    """Every sequence (with its bos or eos) must fit the positional encoding: fail, or skip the pairs that do not."""
+    fits = [len(s) <= max_len and len(t) + 1 <= max_len for s, t in zip(pairs.src, pairs.tgt)]
+    if all(fits):
+        return pairs
+    if too_long == "fail":
+        longest = max(max(map(len, pairs.src)), max(map(len, pairs.tgt)) + 1)
+        raise ConfigError(f"train.model.max_len: {max_len} is shorter than the longest {split} sequence "
+                          f"({longest} tokens); raise it, or set train.too_long: skip")
+    kept = [i for i, ok in enumerate(fits) if ok]
+    log.warning("%s: skipped %d of %d pairs longer than train.model.max_len %d (train.too_long: skip)", split,
+                len(pairs) - len(kept), len(pairs), max_len)
+    if not kept:
+        raise ConfigError(f"train.model.max_len: {max_len} is shorter than every {split} pair")
+    return Pairs([pairs.src[i] for i in kept], [pairs.tgt[i] for i in kept])
 
 
 def average_weights(paths: list[Path]) -> dict:
@@ -266,8 +274,8 @@ def train_seq2seq(task, cfg: TrainConfig, data_dir, tokenizer_dir, model_path, c
     model, optimizer, state, ids, device = run.model, run.optimizer, run.state, run.ids, run.device
     train = encode_pairs(run.tokenizers, read_split(data_dir, "train"))
     valid = encode_pairs(run.tokenizers, read_split(data_dir, "valid"))
-    check_lengths(train, cfg.model.max_len, "train")
-    check_lengths(valid, cfg.model.max_len, "valid")
+    train = fit_lengths(train, cfg.model.max_len, "train", cfg.too_long)
+    valid = fit_lengths(valid, cfg.model.max_len, "valid", cfg.too_long)
     run.open()
 
     model.train()

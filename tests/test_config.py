@@ -68,6 +68,8 @@ STAGE_CASES = [
     ("train", "cumsum.train", "max_tokens", -1, "cumsum.train.max_tokens: must be > 0"),
     ("tokenize", "cumsum.tokenize", "kind", "bpe", "cumsum.tokenize.vocab_size: bpe needs a vocab_size above"),
     ("train", "", "tasks", ["cumsum", "cumsun"], "tasks: 'cumsum' is not listed"),
+    ("train", "cumsum.train", "too_long", "truncate", "cumsum.train.too_long: 'truncate' is not one of fail, skip"),
+    ("evaluate", "cumsum.evaluate", "beam_size", 0, "cumsum.evaluate.beam_size: must be >= 1"),
 ]
 
 
@@ -83,7 +85,9 @@ def test_stage_command_fails_cleanly_and_writes_nothing(tmp_path, tiny_params, s
     params.write_text(yaml.safe_dump(tiny_params))
     outs = {"prepare": ["--out", "data"], "tokenize": ["--data", "data", "--out", "tok"],
             "train": ["--data", "data", "--tokenizer", "tok", "--model", "model.pt",
-                      "--checkpoints", "ckpt", "--live", "live"]}[stage]
+                      "--checkpoints", "ckpt", "--live", "live"],
+            "evaluate": ["--data", "data", "--tokenizer", "tok", "--model", "model.pt", "--metrics", "m.json",
+                         "--samples", "s.jsonl"]}[stage]
     outs = [str(tmp_path / o) if not o.startswith("--") else o for o in outs]
     result = subprocess.run([sys.executable, "-m", f"stages.{stage}", "cumsum", *outs, "--params", str(params)],
                             cwd=ROOT, capture_output=True, text=True)

@@ -250,7 +250,8 @@ def trained(tmp_path, corpus):
 def test_generate_translates_a_file_line_by_line(tmp_path, trained, capsys):
     from lib import generate
 
-    lines = [GERMAN[0], "", " ".join(["Hund"] * 80), GERMAN[1]]  # an empty line, an over-long one
+    # Characters never seen in training (<unk>), an empty line, an over-long one.
+    lines = [GERMAN[0] + " ☃ 北京", "", " ".join(["Hund"] * 80), GERMAN[1]]
     (tmp_path / "in.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     (tmp_path / "one.txt").write_text(GERMAN[1] + "\n", encoding="utf-8")
     for beam in ("1", "3"):

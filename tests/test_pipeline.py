@@ -45,10 +45,10 @@ def test_dvc_repro_end_to_end(tmp_path):
 
     first = sh(dvc, "repro", cwd=repo, env=env)
     assert stages_run(first) == {f"{s}@cumsum" for s in ("prepare", "tokenize", "train", "evaluate", "report")}
-    for path in ("data/cumsum/train.parquet", "models/cumsum/tokenizer.json", "models/cumsum/model.pt",
+    for path in ("data/cumsum/train.parquet", "models/cumsum/tokenizer/tokenizer.json", "models/cumsum/model.pt",
                  "reports/cumsum/metrics.json", "reports/cumsum/samples.jsonl", "reports/cumsum/report.md",
                  "reports/cumsum/figures/loss.png", "reports/cumsum/figures/cross_attention_1.png",
-                 "reports/cumsum/figures/by_length.png"):
+                 "reports/cumsum/figures/by_length.png", "reports/index.md"):
         assert (repo / path).is_file(), path
 
     second = sh(dvc, "repro", cwd=repo, env=env)

@@ -29,9 +29,9 @@ def built(tmp_path_factory):
     p = {
         "data": root / "data", "tokenizer": root / "models" / "tokenizer",
         "model": root / "models" / "model.pt", "checkpoints": root / "models" / "checkpoints",
-        "live": root / "reports" / "train", "metrics": root / "reports" / "metrics.json",
-        "samples": root / "reports" / "samples.jsonl", "report": root / "reports" / "report.md",
-        "figures": root / "reports" / "figures",
+        "live": root / "reports" / "cumsum" / "train", "metrics": root / "reports" / "cumsum" / "metrics.json",
+        "samples": root / "reports" / "cumsum" / "samples.jsonl", "report": root / "reports" / "cumsum" / "report.md",
+        "figures": root / "reports" / "cumsum" / "figures",
     }
     cfg = lambda stage: stage_config(params, "cumsum", stage)  # noqa: E731
     run_prepare("cumsum", cfg("prepare"), p["data"])
@@ -82,7 +82,8 @@ def test_evaluate_writes_metrics_and_samples(built):
 
 def test_report_links_only_existing_pngs(built):
     text = built["report"].read_text()
-    assert "## Metrics" in text and "greedy.exact_match" in text and "## Worst test examples" in text
+    assert "## Metrics" in text and "## Worst test examples" in text
+    assert "| metric" in text and "| greedy" in text and "| exact_match" in text  # the search's own table
     links = [line.split("](")[1].rstrip(")") for line in text.splitlines() if line.startswith("![")]
     assert len(links) == 1 + 3 * 2 + 1  # curves, 3 heatmaps per attention example, accuracy by length
     for link in links:
@@ -90,6 +91,13 @@ def test_report_links_only_existing_pngs(built):
         assert png[:8] == b"\x89PNG\r\n\x1a\n"
         width, height = struct.unpack(">II", png[16:24])
         assert width > 100 and height > 100
+
+
+def test_index_links_each_report_with_its_headline(built):
+    index = (built["report"].parents[1] / "index.md").read_text()
+    metrics = json.loads(built["metrics"].read_text())
+    assert "[cumsum](cumsum/report.md)" in index
+    assert f"greedy.exact_match {metrics['greedy']['exact_match']:.4f}" in index
 
 
 def test_raising_epochs_resumes_to_the_same_model(tmp_path, built, tiny_params):
@@ -244,3 +252,14 @@ def test_max_len_below_the_data_fails_before_touching_outputs(tmp_path, built, t
     with pytest.raises(ConfigError, match=r"train\.model\.max_len: 4 is shorter than the longest train sequence"):
         training.run("cumsum", stage_config(tiny_params, "cumsum", "train"), *paths)
     assert (tmp_path / "ckpt" / "last.pt").read_bytes() == before
+
+
+def test_too_long_pairs_are_skipped_with_a_count_when_asked(tmp_path, built, tiny_params, caplog):
+    paths = (built["data"], built["tokenizer"], tmp_path / "model.pt", tmp_path / "ckpt", tmp_path / "live")
+    tiny_params["cumsum"]["train"].update(epochs=1, too_long="skip")
+    tiny_params["cumsum"]["train"]["model"]["max_len"] = 5  # 5-digit sequences need 6 with eos
+    with caplog.at_level("WARNING", logger="lib.training"):
+        training.run("cumsum", stage_config(tiny_params, "cumsum", "train"), *paths)
+    five = (pd.read_parquet(built["data"] / "train.parquet")["src"].str.split().str.len() == 5).sum()
+    assert f"train: skipped {five} of 400 pairs longer than train.model.max_len 5" in caplog.text and five > 0
+    assert (tmp_path / "model.pt").is_file()

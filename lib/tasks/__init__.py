@@ -3,9 +3,9 @@
 A task module defines KIND ("seq2seq" or "lm"), a frozen ``PrepareConfig``,
 ``prepare(cfg, out_dir)`` writing its splits, ``tokenizer_texts(cfg,
 data_dir, side)`` giving the training text a tokenizer learns from (side:
-source, target or both), and, for seq2seq tasks, ``score(hypotheses,
-references)`` and ``sentence_score`` returning its metrics.
-"""
+source, target or both), ``HEADLINE`` (the metrics reports/index.md shows),
+and, for seq2seq tasks, ``score(hypotheses, references)`` and
+``sentence_score`` returning its metrics."""
 
 import importlib
 from pathlib import Path

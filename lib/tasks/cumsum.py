@@ -15,6 +15,7 @@ from lib.config import require
 from lib.data import read_split
 
 KIND = "seq2seq"
+HEADLINE = ("greedy.exact_match", "greedy.token_accuracy", "by_length.16")  # reports/index.md
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from lib.config import ConfigError, require
 from lib.data import read_split, split_path
 
 KIND = "seq2seq"
+HEADLINE = ("greedy.bleu", "beam*.bleu", "greedy.chrf", "valid_perplexity")  # reports/index.md
 LANGUAGES = ("de", "en", "fr", "cs")
 # Our split name -> the raw files' prefix and the hub data set's split.
 SPLIT_FILES = {"train": "train", "valid": "val", "test": "test_2016_flickr"}

@@ -13,6 +13,7 @@ from lib.config import ConfigError, require
 from lib.data import read_text, text_path
 
 KIND = "lm"
+HEADLINE = ("loss", "bits_per_char")  # reports/index.md
 
 
 @dataclass(frozen=True)
