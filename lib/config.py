@@ -160,6 +160,7 @@ class TrainConfig:
     patience: int = 0  # stop after this many epochs without a better validation loss; 0 = never
     average_last: int = 1  # model.pt: the average of the last k epochs' weights, when it validates better
     too_long: str = "fail"  # a pair longer than model.max_len: fail (naming the key) or skip (counted in the log)
+    peak_tflops: float = 0.0  # the hardware's peak, to log model FLOPs utilisation (train/mfu); 0 = don't
 
     def __post_init__(self):
         choose(self.device, "device", ("auto", "cpu", "cuda"))
@@ -169,6 +170,7 @@ class TrainConfig:
             require(getattr(self, name) > 0, name, "must be > 0")
         require(self.time_budget_minutes >= 0, "time_budget_minutes", "must be >= 0")
         require(self.patience >= 0, "patience", "must be >= 0")
+        require(self.peak_tflops >= 0, "peak_tflops", "must be >= 0")
         require(self.lr_factor > 0, "lr_factor", "must be > 0")
         require(self.clip_norm > 0, "clip_norm", "must be > 0")
         require(0.0 <= self.label_smoothing < 1.0, "label_smoothing", "must be in [0, 1)")
@@ -193,6 +195,7 @@ class LMTrainConfig:
     checkpoint_every: int  # steps between resumable checkpoints
     model: ModelConfig
     precision: str = "fp32"  # fp32, or bf16 (autocast: matmuls in bfloat16, weights and loss in float32)
+    peak_tflops: float = 0.0  # the hardware's peak, to log model FLOPs utilisation (train/mfu); 0 = don't
 
     def __post_init__(self):
         choose(self.device, "device", ("auto", "cpu", "cuda"))
@@ -205,6 +208,7 @@ class LMTrainConfig:
         require(0 <= self.min_lr <= self.lr, "min_lr", "must be in [0, lr]")
         require(self.weight_decay >= 0, "weight_decay", "must be >= 0")
         require(0 < self.beta2 < 1, "beta2", "must be in (0, 1)")
+        require(self.peak_tflops >= 0, "peak_tflops", "must be >= 0")
         require(self.clip_norm > 0, "clip_norm", "must be > 0")
         require(self.block_size <= self.model.max_len, "block_size", f"exceeds model.max_len {self.model.max_len}")
 

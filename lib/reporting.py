@@ -114,7 +114,7 @@ def plot_attention_grid(weights: list[torch.Tensor], rows: list[str], cols: list
             ax.set_title(f"layer {layer + 1} head {head + 1}", fontsize=8)
     fig.suptitle(title, fontsize=11)
     fig.tight_layout(rect=(0, 0, 1, 0.97))  # leave the top strip to the title
-    fig.savefig(out, dpi=110)
+    fig.savefig(out, dpi=110, bbox_inches="tight")  # long sub-word labels are never clipped
     plt.close(fig)
 
 

@@ -25,11 +25,11 @@ import torch.nn.functional as F
 from dvclive import Live
 from tqdm import tqdm
 
-from lib import checkpoint
+from lib import checkpoint, distributed
 from lib.config import ConfigError, LMTrainConfig, TrainConfig, flatten
 from lib.data import Pairs, collate, read_split, read_text, token_budget_batches
 from lib.masks import padding_mask, target_mask
-from lib.metrics import perplexity
+from lib.metrics import perplexity, speed, training_flops
 from lib.model import build_model
 from lib.optim import cosine_lr, label_smoothed_nll, noam_lr, weight_decay_groups
 from lib.tasks import get_task
@@ -86,7 +86,8 @@ class Session:
         ``stop_keys``: other params that only decide when to stop (changing them continues the run)."""
         length_key, self.progress_key = length
         self.kind = get_task(task).KIND
-        self.device = resolve_device(cfg.device)
+        self.device = distributed.local_device(resolve_device(cfg.device))
+        self.ctx = distributed.setup(self.device)
         self.tokenizers = load_tokenizers(tokenizer_dir)
         self.ids = special_ids(self.tokenizers)
         self.vocab = {"src_vocab_size": self.tokenizers.source.get_vocab_size(),
@@ -95,6 +96,7 @@ class Session:
         torch.manual_seed(cfg.seed)
         self.model = build_model(cfg.model, self.kind, **self.vocab)
         self.model.to(self.device)
+        self.train_model = distributed.wrap(self.model, self.ctx, self.device)  # forward and backward go here
         self.optimizer = make_optimizer(self.model)
         self.state = {"step": 0, "best_valid_loss": math.inf, **state}
         self.generators = generators
@@ -112,8 +114,12 @@ class Session:
         """Start writing: clear the outputs of an earlier run unless resuming it.
 
         Called after the loop has checked its data, so that a bad input
-        leaves the previous checkpoints and curves as they were.
+        leaves the previous checkpoints and curves as they were. Under torchrun
+        only rank 0 writes, once every process has read what it resumes from.
         """
+        distributed.barrier(self.ctx)
+        if not self.ctx.is_main:
+            return
         if not self.resumed:
             shutil.rmtree(self.checkpoint_dir, ignore_errors=True)
             shutil.rmtree(self.live_dir, ignore_errors=True)
@@ -152,6 +158,8 @@ class Session:
         return None
 
     def save_last(self):
+        if not self.ctx.is_main:
+            return
         checkpoint.save(
             {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
              "rng": torch.get_rng_state(), "generators": {k: g.get_state() for k, g in self.generators.items()},
@@ -170,6 +178,8 @@ class Session:
             )
 
     def log(self, **metrics):
+        if not self.ctx.is_main:
+            return
         self.live.step = self.state["step"]
         for name, value in metrics.items():
             self.live.log_metric(name, value)
@@ -177,7 +187,8 @@ class Session:
     def record_validation(self, valid_loss: float, extra: dict):
         """Log the validation loss; keep the weights when they are the best so far."""
         self.log(**{"valid/loss": valid_loss, "valid/perplexity": perplexity(valid_loss)})
-        self.live.make_summary()
+        if self.ctx.is_main:
+            self.live.make_summary()
         if valid_loss < self.state["best_valid_loss"]:
             self.state["best_valid_loss"] = valid_loss
             self.save_model({"step": self.state["step"], "valid_loss": valid_loss, **extra}, self.best_path)
@@ -185,7 +196,8 @@ class Session:
         return False
 
     def save_model(self, extra: dict, path):
-        checkpoint.save_model(self.model, self.kind, self.vocab, extra, path)
+        if self.ctx.is_main:
+            checkpoint.save_model(self.model, self.kind, self.vocab, extra, path)
 
     def autocast(self):
         """The forward pass's precision: bf16 autocast, or nothing changed."""
@@ -195,9 +207,11 @@ class Session:
 
     def finish(self, model_path, source=None) -> dict:
         """Write ``source`` (default: the best checkpoint) to ``model_path``."""
-        self.live.end()
-        with checkpoint.atomic_path(model_path) as tmp:
-            shutil.copyfile(source or self.best_path, tmp)
+        if self.ctx.is_main:
+            self.live.end()
+            with checkpoint.atomic_path(model_path) as tmp:
+                shutil.copyfile(source or self.best_path, tmp)
+        distributed.barrier(self.ctx)
         return {"step": self.state["step"], "best_valid_loss": self.state["best_valid_loss"],
                 "resumed": self.resumed}
 
@@ -284,23 +298,34 @@ def train_seq2seq(task, cfg: TrainConfig, data_dir, tokenizer_dir, model_path, c
         order = torch.Generator().manual_seed(cfg.seed * 1_000_003 + epoch)
         batches = token_budget_batches(train, cfg.max_tokens, order)
         progress = tqdm(batches[state["batches_done"]:], desc=f"epoch {epoch + 1}/{cfg.epochs}",
-                        initial=state["batches_done"], total=len(batches), leave=False)
+                        initial=state["batches_done"], total=len(batches), leave=False,
+                        disable=not run.ctx.is_main)
         for indices in progress:
-            batch = collate(train, indices, ids).to(device)
+            step_started = time.perf_counter()
+            rows, weight = distributed.shard(indices, run.ctx)  # this process's part of the global batch
+            batch = collate(train, rows, ids).to(device)
+            n_tokens = sum(len(train.tgt[i]) + 1 for i in indices)  # the global batch's targets (+ eos)
             state["step"] += 1
             lr = noam_lr(state["step"], cfg.model.d_model, cfg.warmup, cfg.lr_factor)
             set_lr(optimizer, lr)
             with run.autocast():
-                loss_sum, n_tokens = seq2seq_loss(model, batch, ids, cfg.label_smoothing)
-            loss = loss_sum / n_tokens
-            run.check_finite(loss, "lr_factor")
+                loss_sum, _ = seq2seq_loss(run.train_model, batch, ids, cfg.label_smoothing)
+            # DDP averages gradients over the processes: scale so that the update is the global batch's mean.
+            loss = loss_sum / n_tokens * (weight * run.ctx.world)
+            global_loss = distributed.sum_over_processes(loss_sum.detach() * weight, run.ctx) / n_tokens
+            run.check_finite(global_loss, "lr_factor")
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm, foreach=True)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
-            run.log(**{"train/loss": loss.item(), "train/lr": lr, "train/grad_norm": grad_norm.item()})
-            progress.set_postfix(loss=f"{loss.item():.3f}", lr=f"{lr:.2e}")
+            seconds = time.perf_counter() - step_started
+            tokens = n_tokens + sum(len(train.src[i]) for i in indices)
+            flops = training_flops(cfg.model, run.vocab["tgt_vocab_size"], [len(train.src[i]) for i in indices],
+                                   [len(train.tgt[i]) + 1 for i in indices])
+            run.log(**{"train/loss": global_loss.item(), "train/lr": lr, "train/grad_norm": grad_norm.item(),
+                       **speed(tokens, flops, seconds, cfg.peak_tflops)})
+            progress.set_postfix(loss=f"{global_loss.item():.3f}", lr=f"{lr:.2e}")
             state["batches_done"] += 1
             if state["step"] % cfg.checkpoint_every == 0:
                 state["elapsed_s"] += time.perf_counter() - started
@@ -312,8 +337,10 @@ def train_seq2seq(task, cfg: TrainConfig, data_dir, tokenizer_dir, model_path, c
         run.log(epoch=epoch + 1)
         improved = run.record_validation(valid_loss, {})
         run.save_model({"step": state["step"], "valid_loss": valid_loss}, run.checkpoint_dir / f"epoch-{epoch + 1}.pt")
-        (run.checkpoint_dir / f"epoch-{epoch + 1 - cfg.average_last}.pt").unlink(missing_ok=True)
-        state.update(epoch=epoch + 1, batches_done=0, elapsed_s=state["elapsed_s"] + time.perf_counter() - started,
+        if run.ctx.is_main:
+            (run.checkpoint_dir / f"epoch-{epoch + 1 - cfg.average_last}.pt").unlink(missing_ok=True)
+        elapsed = distributed.from_main(state["elapsed_s"] + time.perf_counter() - started, run.ctx)
+        state.update(epoch=epoch + 1, batches_done=0, elapsed_s=elapsed,
                      epochs_since_best=0 if improved else state["epochs_since_best"] + 1)
         run.save_last()
     log.info("stopped: %s", reason)
@@ -321,7 +348,12 @@ def train_seq2seq(task, cfg: TrainConfig, data_dir, tokenizer_dir, model_path, c
 
 
 def averaged_model(run: Session, cfg: TrainConfig, valid: Pairs) -> Path | None:
-    """The average of the last ``average_last`` epochs' weights, when it validates better than the best."""
+    """The average of the last ``average_last`` epochs' weights, when it validates better than the best.
+
+    Rank 0 alone decides: it wrote the epochs' weights, and it alone writes model.pt.
+    """
+    if not run.ctx.is_main:
+        return None
     last = [run.checkpoint_dir / f"epoch-{e}.pt" for e in range(run.state["epoch"], 0, -1)][:cfg.average_last]
     last = [path for path in last if path.is_file()]
     if len(last) < 2:
@@ -390,26 +422,35 @@ def train_lm(task, cfg: LMTrainConfig, data_dir, tokenizer_dir, model_path, chec
     fixed = torch.Generator().manual_seed(cfg.seed + 1)
     eval_sets = {name: [random_blocks(ids, cfg.batch_size, cfg.block_size, fixed) for _ in range(cfg.eval_batches)]
                  for name, ids in (("train", train), ("valid", valid))}
+    if cfg.batch_size % run.ctx.world:
+        raise ConfigError(f"train.batch_size: {cfg.batch_size} does not divide among {run.ctx.world} processes")
     run.open()
 
     model.train()
-    progress = tqdm(range(state["step"], cfg.max_iters), initial=state["step"], total=cfg.max_iters, leave=False)
+    progress = tqdm(range(state["step"], cfg.max_iters), initial=state["step"], total=cfg.max_iters, leave=False,
+                    disable=not run.ctx.is_main)
     for _ in progress:
+        step_started = time.perf_counter()
         state["step"] += 1
         step = state["step"]
         lr = lm_lr(step, cfg)
         set_lr(optimizer, lr)
-        x, y = random_blocks(train, cfg.batch_size, cfg.block_size, sampler)
+        x, y = random_blocks(train, cfg.batch_size, cfg.block_size, sampler)  # the global batch
+        x, y = x[run.ctx.rank::run.ctx.world], y[run.ctx.rank::run.ctx.world]  # this process's rows
         with run.autocast():
-            loss = lm_loss(model, x.to(device), y.to(device))
-        run.check_finite(loss, "lr")
+            loss = lm_loss(run.train_model, x.to(device), y.to(device))
+        global_loss = distributed.sum_over_processes(loss.detach(), run.ctx) / run.ctx.world
+        run.check_finite(global_loss, "lr")
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm, foreach=True)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-        run.log(**{"train/loss": loss.item(), "train/lr": lr, "train/grad_norm": grad_norm.item()})
-        progress.set_postfix(loss=f"{loss.item():.3f}", lr=f"{lr:.2e}")
+        tokens = cfg.batch_size * cfg.block_size
+        flops = training_flops(cfg.model, run.vocab["tgt_vocab_size"], [], [cfg.block_size] * cfg.batch_size)
+        run.log(**{"train/loss": global_loss.item(), "train/lr": lr, "train/grad_norm": grad_norm.item(),
+                   **speed(tokens, flops, time.perf_counter() - step_started, cfg.peak_tflops)})
+        progress.set_postfix(loss=f"{global_loss.item():.3f}", lr=f"{lr:.2e}")
         if step % cfg.eval_every == 0 or step == cfg.max_iters:
             train_loss = estimate_loss(model, eval_sets["train"], device)
             valid_loss = estimate_loss(model, eval_sets["valid"], device)

@@ -1,0 +1,87 @@
+"""Data-parallel training through PyTorch's own engine: torchrun + DistributedDataParallel.
+
+Launched by torchrun (WORLD_SIZE > 1 in the environment), every process
+builds the same global batch from the same seed and trains on its own slice
+of it (rows rank, rank + world, ...); DDP averages the gradients, so the
+update is the single-process one on the whole batch. Only rank 0 writes
+checkpoints, metrics and logs. Backends: nccl on CUDA, gloo on CPU.
+
+    torchrun --standalone --nproc_per_node 8 -m stages.train multi30k ...        # 8 GPUs, one machine
+    torchrun --nnodes 2 --node_rank R --nproc_per_node 8 \\
+             --rdzv_backend c10d --rdzv_endpoint HOST:29500 -m stages.train ...   # 2 machines
+"""
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+
+@dataclass(frozen=True)
+class Context:
+    rank: int
+    world: int
+    device: torch.device  # where collective tensors live (nccl needs them on the GPU)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def setup(device: torch.device) -> Context:
+    """Join torchrun's process group when launched by it; a single process otherwise."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return Context(0, 1, device)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return Context(dist.get_rank(), world, device)
+
+
+def local_device(device: torch.device) -> torch.device:
+    """Under torchrun each process takes the GPU of its local rank."""
+    if device.type == "cuda" and "LOCAL_RANK" in os.environ:
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+    return device
+
+
+def wrap(model: torch.nn.Module, ctx: Context, device: torch.device) -> torch.nn.Module:
+    """The model to run forward and backward through: DDP when there are several processes."""
+    if ctx.world == 1:
+        return model
+    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def shard(rows: list, ctx: Context) -> tuple[list, float]:
+    """This process's slice of a global batch, and the weight of its loss.
+
+    A batch with fewer rows than processes leaves some without rows: they
+    compute the first row with weight 0, so that every process still joins
+    the gradient all-reduce.
+    """
+    mine = rows[ctx.rank::ctx.world]
+    return (mine, 1.0) if mine else (rows[:1], 0.0)
+
+
+def sum_over_processes(value: torch.Tensor, ctx: Context) -> torch.Tensor:
+    if ctx.world > 1:
+        value = value.clone()
+        dist.all_reduce(value)
+    return value
+
+
+def from_main(value: float, ctx: Context) -> float:
+    """Rank 0's value on every process (e.g. elapsed time, so that all stop at the same epoch)."""
+    if ctx.world == 1:
+        return value
+    tensor = torch.tensor([value], dtype=torch.float64, device=ctx.device)
+    dist.broadcast(tensor, src=0)
+    return tensor.item()
+
+
+def barrier(ctx: Context):
+    if ctx.world > 1:
+        dist.barrier()

@@ -1,0 +1,68 @@
+"""torchrun + DDP on 2 CPU processes (gloo) against one process on the same global batches."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import yaml
+
+from lib import checkpoint
+from tests.conftest import ROOT
+
+
+def train(tmp_path, params_path, name, processes):
+    out = tmp_path / name
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)]
+    command = [*(launcher if processes > 1 else [sys.executable]), "-m", "stages.train", "cumsum",
+               "--data", str(tmp_path / "data"), "--tokenizer", str(tmp_path / "tok"),
+               "--model", str(out / "model.pt"), "--checkpoints", str(out / "ckpt"), "--live", str(out / "live"),
+               "--params", str(params_path)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    from lib import tokenizer
+    from lib.config import stage_config
+    from lib.tasks import run_prepare
+    from tests.conftest import TINY_PARAMS
+
+    tmp_path = tmp_path_factory.mktemp("ddp")
+    params = yaml.safe_load(yaml.safe_dump(TINY_PARAMS))
+    params["cumsum"]["train"]["model"]["dropout"] = 0.0  # dropout masks are drawn per process
+    params["cumsum"]["train"]["epochs"] = 1
+    params_path = tmp_path / "params.yaml"
+    params_path.write_text(yaml.safe_dump(params))
+    run_prepare("cumsum", stage_config(params, "cumsum", "prepare"), tmp_path / "data")
+    tokenizer.run("cumsum", stage_config(params, "cumsum", "tokenize"), tmp_path / "data", tmp_path / "tok")
+    return train(tmp_path, params_path, "single", 1), train(tmp_path, params_path, "ddp", 2)
+
+
+def test_two_processes_train_the_same_model_as_one(runs):
+    single, ddp = (checkpoint.load(run / "model.pt") for run in runs)
+    assert single["step"] == ddp["step"]
+    C = single["model_config"]["d_model"]
+    for name, weight in single["model"].items():
+        other = ddp["model"][name]
+        if name.endswith("qkv_proj.bias"):
+            # The key bias adds the same amount to every score of a query, which softmax cancels: its
+            # gradient is exactly zero, so what reaches Adam is rounding noise, which Adam scales up to
+            # full-size steps. Those entries differ between any two runs that sum in another order, and
+            # change nothing the model computes (the validation losses below agree).
+            weight, other = torch.cat([weight[:C], weight[2 * C:]]), torch.cat([other[:C], other[2 * C:]])
+        assert torch.allclose(weight, other, atol=1e-5), name
+    assert ddp["valid_loss"] == pytest.approx(single["valid_loss"], abs=1e-5)
+
+
+def test_only_rank_zero_writes(runs):
+    single, ddp = runs
+    files = lambda root: sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())  # noqa: E731
+    assert files(ddp) == files(single)  # the same files, once each, and nothing half-written
+    assert not [p for p in ddp.rglob("*") if p.name.endswith(".tmp")]
+    steps = (ddp / "live" / "plots" / "metrics" / "train" / "loss.tsv").read_text().splitlines()
+    assert len(steps) == 1 + checkpoint.load(ddp / "model.pt")["step"]  # one row per step: one writer
