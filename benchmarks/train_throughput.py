@@ -10,6 +10,9 @@ round after round, in one process, so that a noisy machine slows both alike.
 Run from the repository root with the venv active:
     PYTHONPATH=. python benchmarks/train_throughput.py [--precision fp32|bf16] [--rounds 4] [--steps 10]
 Prints one JSON object; tokens are the non-pad source plus target tokens.
+MFU: the model's matmul FLOPs per second (lib.metrics.training_flops, on the
+real lengths) over this machine's measured matmul peak in the same precision
+(square products of 1024 and 2048, best of several).
 """
 
 import argparse
@@ -27,6 +30,7 @@ from torch import nn
 from lib.config import ModelConfig
 from lib.data import Batch, collate, read_split, token_budget_batches
 from lib.masks import padding_mask, target_mask
+from lib.metrics import training_flops
 from lib.model import SinusoidalPositionalEncoding, Transformer
 from lib.optim import label_smoothed_nll
 from lib.tokenizer import SpecialIds, encode_pairs, load_tokenizers, special_ids
@@ -67,6 +71,22 @@ def torch_loss(model, batch: Batch, ids: SpecialIds, smoothing: float):
     logits = model(batch.src, batch.tgt_in, ids.pad)
     return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), batch.tgt_out.reshape(-1),
                            ignore_index=ids.pad, label_smoothing=smoothing)
+
+
+def matmul_peak(precision: str) -> float:
+    """The best FLOP/s of square matmuls on this machine, in the benchmark's precision."""
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    best = 0.0
+    for n in (1024, 2048):
+        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+        for _ in range(3):
+            a @ b
+        for _ in range(5):
+            start = time.perf_counter()
+            for _ in range(4):
+                a @ b
+            best = max(best, 4 * 2 * n**3 / (time.perf_counter() - start))
+    return best
 
 
 def load_batches(max_tokens: int, n: int) -> tuple[list[Batch], SpecialIds, int, str]:
@@ -110,6 +130,9 @@ def main():
     optimizers = {name: torch.optim.Adam(m.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
                   for name, (m, _) in models.items()}
     tokens = sum(b.n_tokens + int((b.src != ids.pad).sum()) for b in batches)
+    flops = sum(training_flops(cfg, V, (b.src != ids.pad).sum(1).tolist(), (b.tgt_out != ids.pad).sum(1).tolist())
+                for b in batches)
+    peak = matmul_peak(args.precision)
     seconds = dict.fromkeys(models, 0.0)
     for round_ in range(args.rounds + 1):  # round 0 warms up
         for name, (model, loss_fn) in models.items():
@@ -134,6 +157,8 @@ def main():
         "tokens_per_s": {name: round(r) for name, r in rate.items()},
         "ms_per_step": {name: round(s / (args.rounds * len(batches)) * 1000, 1) for name, s in seconds.items()},
         "ratio_ours_over_torch": round(rate["ours"] / rate["torch_nn_transformer"], 3),
+        "matmul_peak_gflops": round(peak / 1e9, 1),
+        "mfu": {name: round(flops * args.rounds / s / peak, 3) for name, s in seconds.items()},
     }))
 
 

@@ -1,0 +1,45 @@
+"""What must hold on a GPU: run by benchmarks/gpu_check.sh (`pytest -m cuda`); skipped without CUDA."""
+
+import pytest
+import torch
+
+from lib.attention import scaled_dot_product_attention
+from lib.masks import padding_mask
+from lib.model import Transformer
+from lib.optim import label_smoothed_nll
+from tests.conftest import model_config
+from tests.test_decoding import IDS, V, sources
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
+
+
+def test_bf16_attention_stays_finite_and_close_to_fp32():
+    q, k, v = (torch.randn(4, 8, 64, 32, device="cuda") * 8 for _ in range(3))  # large scores
+    mask = padding_mask(torch.tensor([[1] * 60 + [0] * 4] * 4, device="cuda"), 0)
+    mask[0] = False  # one fully masked example
+    exact, _ = scaled_dot_product_attention(q, k, v, mask)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        low, weights = scaled_dot_product_attention(q, k, v, mask)
+    assert torch.isfinite(low).all() and torch.all(low[0] == 0)
+    assert torch.allclose(low.float(), exact, atol=0.1)
+    assert torch.allclose(weights.float().sum(-1)[1:], torch.ones(3, 8, 64, device="cuda"), atol=1e-2)
+
+
+def test_training_step_and_cached_decoding_on_cuda():
+    from lib.decoding import Decoder
+
+    torch.manual_seed(0)
+    model = Transformer(model_config(tie_embeddings=True), V, V, joint_vocab=True).cuda()
+    src = sources().cuda()
+    tgt = torch.randint(4, V, (src.size(0), 10), device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        logits = model(src, tgt, padding_mask(src, IDS.pad), None)
+    loss, n = label_smoothed_nll(logits, tgt, IDS.pad, 0.1)
+    (loss / n).backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    model.eval()
+    cached, uncached = Decoder(model, src, IDS, True), Decoder(model, src, IDS, False)
+    out = torch.full((src.size(0), 1), IDS.bos, device="cuda")
+    for t in range(tgt.size(1)):
+        assert torch.allclose(cached.logits(out), uncached.logits(out), atol=1e-4), t
+        out = torch.cat([out, tgt[:, t:t + 1]], dim=1)
