@@ -17,11 +17,11 @@ from pathlib import Path
 
 import torch
 
-from lib import checkpoint
 from lib.data import read_split
 from lib.decoding import translate
+from lib.generate import load_trained
 from lib.tasks import multi30k
-from lib.tokenizer import decode, encode_pairs, load_tokenizers, special_ids
+from lib.tokenizer import decode, encode_pairs, special_ids
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,9 +36,8 @@ def main():
     parser.add_argument("--max-extra-tokens", type=int, default=20)
     args = parser.parse_args()
 
-    tokenizers = load_tokenizers(Path(args.models) / "tokenizer")
+    model, tokenizers, _ = load_trained(args.models)
     ids = special_ids(tokenizers)
-    model, _ = checkpoint.load_model(Path(args.models) / "model.pt")
     test = read_split(args.data, "test")
     sources = encode_pairs(tokenizers, test).src
     references = test["tgt"].tolist()

@@ -11,11 +11,11 @@ import json
 from datetime import date
 from pathlib import Path
 
-from lib import checkpoint
 from lib.data import read_split
 from lib.decoding import translate
+from lib.generate import load_trained
 from lib.tasks import multi30k
-from lib.tokenizer import decode, encode_pairs, load_tokenizers, special_ids
+from lib.tokenizer import decode, encode_pairs, special_ids
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,9 +28,8 @@ def main():
     parser.add_argument("--alphas", type=float, nargs="+", default=[0.0, 0.3, 0.6, 0.9, 1.2])
     args = parser.parse_args()
 
-    tokenizers = load_tokenizers(Path(args.models) / "tokenizer")
+    model, tokenizers, _ = load_trained(args.models)
     ids = special_ids(tokenizers)
-    model, _ = checkpoint.load_model(Path(args.models) / "model.pt")
     valid = read_split(args.data, "valid")
     sources = encode_pairs(tokenizers, valid).src
     bleu = {"greedy": multi30k.score(decode(tokenizers.target, translate(model, sources, ids, 8192, 20)),

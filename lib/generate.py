@@ -24,6 +24,14 @@ from lib.tasks import get_task
 from lib.tokenizer import decode, encode, load_tokenizers, special_ids
 
 
+def load_trained(directory: str | Path):
+    """What ``dvc repro`` wrote for a task: (model in eval mode, its tokenizers, the model file's dict)."""
+    directory = Path(directory)
+    tokenizers = load_tokenizers(directory / "tokenizer")
+    model, state = checkpoint.load_model(directory / "model.pt")
+    return model, tokenizers, state
+
+
 def read_lines(path: str) -> list[str]:
     text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
     return text.splitlines()
@@ -84,8 +92,7 @@ def main(argv=None):
     try:
         kind = get_task(args.task).KIND
         directory = Path(args.models or Path("models") / args.task)
-        tokenizers = load_tokenizers(directory / "tokenizer")
-        model, state = checkpoint.load_model(directory / "model.pt")
+        model, tokenizers, state = load_trained(directory)
         if state["kind"] != kind:
             raise ValueError(f"{directory / 'model.pt'} is a {state['kind']} model, but {args.task} is a {kind} task")
         if kind == "seq2seq":
