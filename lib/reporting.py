@@ -104,14 +104,20 @@ def plot_attention_grid(weights: list[torch.Tensor], rows: list[str], cols: list
     n = max(len(rows), len(cols))
     cell = min(4.0, max(2.2, 0.11 * n))  # inches per panel: room for every label, not a poster
     font = 6 if n <= 32 else 4.5
-    fig, axes = plt.subplots(L, H, figsize=(cell * H + 1, cell * L + 0.8), squeeze=False)
+    # Every panel has the same tokens: label the left column and the bottom row only.
+    fig, axes = plt.subplots(L, H, figsize=(cell * H + 1, cell * L + 0.8), squeeze=False, sharex=True,
+                             sharey=True)
     for layer, layer_weights in enumerate(weights):
         for head in range(H):
             ax = axes[layer][head]
             ax.imshow(layer_weights[head].numpy(), cmap="viridis", vmin=0.0, vmax=1.0)
-            ax.set_xticks(range(len(cols)), cols, fontsize=font, rotation=90)
-            ax.set_yticks(range(len(rows)), rows, fontsize=font)
             ax.set_title(f"layer {layer + 1} head {head + 1}", fontsize=8)
+    axes[0][0].set_xticks(range(len(cols)), cols)
+    axes[0][0].set_yticks(range(len(rows)), rows)
+    for ax in axes.flat:
+        ax.label_outer()
+        ax.tick_params(labelsize=font)
+        ax.tick_params(axis="x", labelrotation=90)
     fig.suptitle(title, fontsize=11)
     fig.tight_layout(rect=(0, 0, 1, 0.97))  # leave the top strip to the title
     fig.savefig(out, dpi=110, bbox_inches="tight")  # long sub-word labels are never clipped
