@@ -13,8 +13,8 @@ import pytest
 import torch
 import yaml
 
-from lib import checkpoint, evaluation, tokenizer, training
-from lib.config import ConfigError, stage_config
+from lib import checkpoint, evaluation, reporting, tokenizer, training
+from lib.config import ConfigError, ReportConfig, stage_config
 from lib.tasks import multi30k, run_prepare
 from tests.conftest import ROOT
 
@@ -87,6 +87,7 @@ def test_two_params_turn_it_into_english_to_german(tmp_path, corpus):
     ({"val.en": ENGLISH[:5]}, r"val\.de\.gz has 6 lines but .*val\.en\.gz has 5: not parallel"),
     ({"train.de": GERMAN[:2] + ["   "] + GERMAN[3:]}, r"train\.de\.gz: line 3: empty line"),
     ({"test_2016_flickr.en": b"A man.\nA \xff dog.\n"}, r"test_2016_flickr\.en\.gz: line 2: not UTF-8"),
+    ({"val.de": b"", "val.en": b""}, r"val\.de\.gz: empty file"),
 ])
 def test_bad_data_is_named_and_leaves_the_earlier_data(tmp_path, corpus, override, message):
     out = tmp_path / "data"
@@ -179,10 +180,22 @@ def test_trains_evaluates_and_ties_embeddings(tmp_path, corpus, joint):
     assert model.generator.weight is model.tgt_embed.tokens.weight
     assert (model.src_embed.tokens.weight is model.tgt_embed.tokens.weight) == joint
     assert state["joint_vocab"] == joint and summary["step"] > 0
+    params["multi30k"]["evaluate"]["beam_size"] = 3
+    reports = tmp_path / "reports" / "multi30k"
     metrics = evaluation.run("multi30k", cfg(params, "evaluate"), paths[0], paths[1], paths[2],
-                             tmp_path / "metrics.json", tmp_path / "samples.jsonl")
-    assert {"bleu", "chrf", "bleu_signature", "seconds"} <= set(metrics["greedy"])
+                             reports / "metrics.json", reports / "samples.jsonl")
+    assert {"bleu", "chrf", "bleu_signature", "seconds"} <= set(metrics["greedy"]) <= set(metrics["beam3"])
     assert metrics["valid_perplexity"] > 1.0
+    reporting.run("multi30k", ReportConfig(n_attention_examples=2), paths[0], paths[1], paths[2],
+                  reports / "metrics.json", reports / "samples.jsonl", paths[4], reports / "report.md",
+                  reports / "figures")
+    text = (reports / "report.md").read_text()
+    assert "| greedy" in text and "| beam3" in text and "bleu signature" in text  # searches side by side
+    links = [line.split("](")[1].rstrip(")") for line in text.splitlines() if line.startswith("![")]
+    assert len(links) == 1 + 2 * 3
+    for link in links:
+        assert (reports / link).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "[multi30k](multi30k/report.md)" in (tmp_path / "reports" / "index.md").read_text()
 
 
 def test_time_budget_stops_and_a_rerun_resumes_to_the_same_steps(tmp_path, corpus):

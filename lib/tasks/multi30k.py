@@ -52,6 +52,8 @@ def read_lines(path: Path) -> list[str]:
     lines = raw.split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()
+    if not lines:
+        raise ValueError(f"{path}: empty file")
     out = []
     for number, line in enumerate(lines, start=1):
         try:
