@@ -7,13 +7,18 @@ It uses the cumsum params of params.yaml, changing only the position encoding
 (and, with --norm-first, Post-LN to Pre-LN), runs every stage's `run` in a
 temporary directory, prints one JSON object and writes <out>.md and <out>.png
 (default benchmarks/length_study.*).
-The same runs through DVC: `dvc exp run -S cumsum.train.model.positional=rope`
-(one per encoding), then `dvc exp show`, whose by_length.* columns are these.
+The same study through DVC experiments, one queued run of the whole pipeline
+per encoding, then this page from their metrics:
+    for p in sinusoidal learned rope alibi; do
+      dvc exp run --queue -n pos-$p -S cumsum.train.model.positional=$p; done
+    dvc queue start && dvc queue status        # until all four are done
+    PYTHONPATH=. python benchmarks/length_study.py --from-exps pos-sinusoidal pos-learned pos-rope pos-alibi
 """
 
 import argparse
 import dataclasses
 import json
+import subprocess
 import tempfile
 import time
 from datetime import date
@@ -39,7 +44,15 @@ def main():
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                         help="override train params for every variant, e.g. model.dropout=0.0 label_smoothing=0")
     parser.add_argument("--out", default=str(HERE / "length_study"), help="stem of the .md and .png written")
+    parser.add_argument("--from-exps", nargs="+", metavar="NAME",
+                        help="read these DVC experiments' metrics (dvc exp show) instead of training")
     args = parser.parse_args()
+    if args.from_exps:
+        results = experiment_results(args.from_exps)
+        write_page(results, "DVC experiments " + ", ".join(args.from_exps), Path(args.out))
+        print(json.dumps({"benchmark": "length_study", "date": date.today().isoformat(), "results": results},
+                         indent=2))
+        return
     params = load_params(HERE.parent / "params.yaml")
     for item in args.set:
         key, value = item.split("=", 1)
@@ -73,6 +86,36 @@ def main():
     write_page(results, norm, Path(args.out))
     print(json.dumps({"benchmark": "length_study", "date": date.today().isoformat(), "norm": norm,
                       "results": results}, indent=2))
+
+
+def experiment_results(names: list[str]) -> dict:
+    """{positional: {"exact_match", "by_length"}} of the named experiments, from `dvc exp show --json`."""
+    shown = json.loads(subprocess.run(["dvc", "exp", "show", "--json"], capture_output=True, text=True,
+                                      check=True, cwd=HERE.parent).stdout)
+    found = {}
+
+    def walk(node):  # experiments nest under their baseline commit: look everywhere
+        if isinstance(node, dict):
+            if node.get("name") in names and isinstance(node.get("data"), dict):
+                found[node["name"]] = node["data"]
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(shown)
+    missing = [name for name in names if name not in found]
+    if missing:
+        raise SystemExit(f"no finished experiment named {', '.join(missing)} (dvc exp show)")
+    results = {}
+    for name in names:
+        data = found[name]
+        metrics = data["metrics"]["reports/cumsum/metrics.json"]["data"]
+        positional = data["params"]["params.yaml"]["data"]["cumsum"]["train"]["model"]["positional"]
+        results[f"{positional} ({name})"] = {"exact_match": metrics["greedy"]["exact_match"],
+                                             "by_length": metrics["by_length"]}
+    return results
 
 
 def write_page(results: dict, norm: str, out: Path):
