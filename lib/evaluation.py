@@ -27,7 +27,7 @@ from lib.tokenizer import decode, encode, encode_pairs, encode_text, load_tokeni
 from lib.training import mean_loss
 
 
-def translate_texts(model, pairs: Pairs, ids, tokenizer, cfg: EvaluateConfig, beam_size: int = 0) -> list[str]:
+def translate_texts(model, pairs: Pairs, ids, tokenizer, cfg: EvaluateConfig, beam_size: int = 1) -> list[str]:
     """Hypotheses for every source in ``pairs``, in order, as text (``tokenizer``: the target side's)."""
     outputs = translate(model, pairs.src, ids, cfg.max_tokens, cfg.max_extra_tokens, beam_size, cfg.alpha)
     return decode(tokenizer, outputs)
@@ -58,7 +58,7 @@ def evaluate_seq2seq(task, cfg: EvaluateConfig, data_dir, tokenizer_dir, model_p
     references = test["tgt"].tolist()
     metrics = {"n_test": len(test), "loss": loss, "perplexity": perplexity(loss), "valid_loss": valid_loss,
                "valid_perplexity": perplexity(valid_loss)}
-    searches = {"greedy": 0} | ({f"beam{cfg.beam_size}": cfg.beam_size} if cfg.beam_size > 1 else {})
+    searches = {"greedy": 1} | ({f"beam{cfg.beam_size}": cfg.beam_size} if cfg.beam_size > 1 else {})
     outputs = {}
     for name, beam_size in searches.items():
         started = time.perf_counter()
@@ -66,7 +66,7 @@ def evaluate_seq2seq(task, cfg: EvaluateConfig, data_dir, tokenizer_dir, model_p
         seconds = time.perf_counter() - started
         metrics[name] = {**module.score(outputs[name], references), "seconds": seconds,
                          "sentences_per_s": len(test) / seconds}
-        if beam_size:
+        if beam_size > 1:
             metrics[name]["alpha"] = cfg.alpha
     hypotheses = outputs["greedy"]
     if hasattr(module, "extra_metrics"):  # e.g. cumsum's exact match by sequence length

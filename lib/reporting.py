@@ -33,12 +33,13 @@ def metrics_table(metrics: dict) -> str:
     table = pd.DataFrame({"metric": list(flat), "value": [_format(v) for v in flat.values()]})
     lines = [table.to_markdown(index=False, colalign=("left", "right"), disable_numparse=True)]
     if searches:
-        names = [k for k in next(iter(searches.values())) if not k.endswith("signature")]
+        first = next(iter(searches.values()))
+        names = [k for k in first if not k.endswith("signature")]
         side = pd.DataFrame({"metric": names, **{search: [_format(scores.get(name, "")) for name in names]
                                                 for search, scores in searches.items()}})
         lines += ["", "Decoding (seconds: the whole test set on this machine's CPU):", "",
                   side.to_markdown(index=False, disable_numparse=True)]
-        signatures = {k: v for k, v in next(iter(searches.values())).items() if k.endswith("signature")}
+        signatures = {k: v for k, v in first.items() if k.endswith("signature")}
         lines += [""] + [f"- {name.replace('_', ' ')}: `{value}`" for name, value in signatures.items()]
     return "\n".join(lines)
 
@@ -159,8 +160,8 @@ def plot_by_length(by_length: dict, trained: tuple[int, int], out: Path):
 
 def seq2seq_sections(cfg, data_dir, tokenizers, model, metrics, samples, figures_dir: Path, rel: Path):
     ids = special_ids(tokenizers)
-    pairs = encode_pairs(tokenizers, read_split(data_dir, "test"))
-    examples = list(range(min(cfg.n_attention_examples, len(pairs))))
+    pairs = encode_pairs(tokenizers, read_split(data_dir, "test").head(cfg.n_attention_examples))  # the drawn ones
+    examples = list(range(len(pairs)))
     batch = collate(pairs, examples, ids)
     maps = attention_maps(model, batch, ids)
     lines = ["## Attention", "",

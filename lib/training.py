@@ -304,7 +304,9 @@ def train_seq2seq(task, cfg: TrainConfig, data_dir, tokenizer_dir, model_path, c
             step_started = time.perf_counter()
             rows, weight = distributed.shard(indices, run.ctx)  # this process's part of the global batch
             batch = collate(train, rows, ids).to(device)
-            n_tokens = sum(len(train.tgt[i]) + 1 for i in indices)  # the global batch's targets (+ eos)
+            src_lengths = [len(train.src[i]) for i in indices]  # the global batch's
+            tgt_lengths = [len(train.tgt[i]) + 1 for i in indices]  # targets, eos included
+            n_tokens = sum(tgt_lengths)
             state["step"] += 1
             lr = noam_lr(state["step"], cfg.model.d_model, cfg.warmup, cfg.lr_factor)
             set_lr(optimizer, lr)
@@ -320,11 +322,9 @@ def train_seq2seq(task, cfg: TrainConfig, data_dir, tokenizer_dir, model_path, c
             optimizer.zero_grad(set_to_none=True)
 
             seconds = time.perf_counter() - step_started
-            tokens = n_tokens + sum(len(train.src[i]) for i in indices)
-            flops = training_flops(cfg.model, run.vocab["tgt_vocab_size"], [len(train.src[i]) for i in indices],
-                                   [len(train.tgt[i]) + 1 for i in indices])
+            flops = training_flops(cfg.model, run.vocab["tgt_vocab_size"], src_lengths, tgt_lengths)
             run.log(**{"train/loss": global_loss.item(), "train/lr": lr, "train/grad_norm": grad_norm.item(),
-                       **speed(tokens, flops, seconds, cfg.peak_tflops)})
+                       **speed(n_tokens + sum(src_lengths), flops, seconds, cfg.peak_tflops)})
             progress.set_postfix(loss=f"{global_loss.item():.3f}", lr=f"{lr:.2e}")
             state["batches_done"] += 1
             if state["step"] % cfg.checkpoint_every == 0:
@@ -424,6 +424,8 @@ def train_lm(task, cfg: LMTrainConfig, data_dir, tokenizer_dir, model_path, chec
                  for name, ids in (("train", train), ("valid", valid))}
     if cfg.batch_size % run.ctx.world:
         raise ConfigError(f"train.batch_size: {cfg.batch_size} does not divide among {run.ctx.world} processes")
+    tokens = cfg.batch_size * cfg.block_size  # every step's, and its FLOPs
+    flops = training_flops(cfg.model, run.vocab["tgt_vocab_size"], [], [cfg.block_size] * cfg.batch_size)
     run.open()
 
     model.train()
@@ -446,8 +448,6 @@ def train_lm(task, cfg: LMTrainConfig, data_dir, tokenizer_dir, model_path, chec
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-        tokens = cfg.batch_size * cfg.block_size
-        flops = training_flops(cfg.model, run.vocab["tgt_vocab_size"], [], [cfg.block_size] * cfg.batch_size)
         run.log(**{"train/loss": global_loss.item(), "train/lr": lr, "train/grad_norm": grad_norm.item(),
                    **speed(tokens, flops, time.perf_counter() - step_started, cfg.peak_tflops)})
         progress.set_postfix(loss=f"{global_loss.item():.3f}", lr=f"{lr:.2e}")
