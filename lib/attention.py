@@ -29,15 +29,26 @@ def scaled_dot_product_attention(
     weights (B, H, Tq, Tk) before dropout. Masked keys get exactly zero weight;
     a row with no allowed key gets all-zero weights (and a zero output), not NaN.
     """
-    q = q * q.size(-1) ** -0.5  # scale the (smaller) queries, not the scores
-    scores = q @ k.transpose(-2, -1)  # (B, H, Tq, Tk)
-    if bias is not None:
-        scores = scores + bias
+    B, H, Tq, D = q.shape
     if mask is not None:
-        # The most negative finite value rather than -inf: a fully masked row
-        # then softmaxes to a uniform row instead of NaN, zeroed below; in any
-        # other row a masked key's weight underflows to exactly 0.
-        scores = scores.masked_fill_(~mask, torch.finfo(scores.dtype).min)
+        # The most negative finite value rather than -inf: a fully masked row then
+        # softmaxes to a uniform row instead of NaN, zeroed below; in any other row a
+        # masked key's weight underflows to exactly 0.
+        masked = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, torch.finfo(q.dtype).min)
+        bias = masked if bias is None else bias + masked
+    # One batched product per (batch, head): scores = bias + Q K^T / sqrt(D), the bias added
+    # and the scale applied inside the matmul rather than in passes of their own.
+    q3, k3 = q.reshape(B * H, Tq, D), k.reshape(B * H, -1, D)
+    if bias is None:
+        scores = torch.baddbmm(q3.new_zeros(()), q3, k3.transpose(1, 2), beta=0.0, alpha=D**-0.5)
+    else:
+        bias = bias.reshape((1,) * (4 - bias.dim()) + bias.shape)  # (B or 1, H or 1, Tq or 1, Tk)
+        if bias.size(0) == bias.size(1) == 1:  # the same for every batch and head: broadcast it
+            bias = bias.reshape(1, bias.size(2), bias.size(3))
+        else:
+            bias = bias.expand(B, H, -1, -1).reshape(B * H, bias.size(2), bias.size(3))
+        scores = torch.baddbmm(bias.to(q3.dtype), q3, k3.transpose(1, 2), alpha=D**-0.5)
+    scores = scores.view(B, H, Tq, -1)  # (B, H, Tq, Tk)
     # Softmax in float32 so that low-precision autocast stays numerically safe.
     weights = F.softmax(scores.float(), dim=-1).to(q.dtype)  # (B, H, Tq, Tk)
     if mask is not None:
@@ -45,7 +56,8 @@ def scaled_dot_product_attention(
         if no_key.any():
             weights = weights.masked_fill(no_key, 0.0)
     attended = weights if dropout is None else dropout(weights)
-    return attended @ v, weights  # (B, H, Tq, D), (B, H, Tq, Tk)
+    out = torch.bmm(attended.reshape(B * H, Tq, -1), v.reshape(B * H, -1, D))  # (B*H, Tq, D)
+    return out.view(B, H, Tq, D), weights  # (B, H, Tq, D), (B, H, Tq, Tk)
 
 
 class RotaryEmbedding(nn.Module):

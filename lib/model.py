@@ -214,11 +214,12 @@ class Transformer(nn.Module):
         """An empty key/value cache: per decoder layer, self and cross attention's."""
         return [{"self": {}, "cross": {}} for _ in self.decoder_layers]
 
-    def forward(self, src, tgt, src_mask, tgt_mask):
-        """Teacher-forced logits (B, T, V)."""
+    def forward(self, src, tgt, src_mask, tgt_mask, project: bool = True):
+        """Teacher-forced logits (B, T, V); with ``project`` False the decoder's output
+        (B, T, C) instead, for a loss that applies the generator itself (``generator_nll``)."""
         memory, _ = self.encode(src, src_mask)
         hidden, _ = self.decode(tgt, memory, tgt_mask, src_mask)
-        return self.generator(hidden)
+        return self.generator(hidden) if project else hidden
 
 
 class TransformerLM(nn.Module):

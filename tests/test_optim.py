@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lib.optim import label_smoothed_nll, noam_lr, smoothed_targets
+from lib.optim import generator_nll, label_smoothed_nll, noam_lr, smoothed_targets
 
 PAD = 0
 
@@ -61,3 +61,26 @@ def test_closed_form_gradient_matches_autograd(smoothing):
     dist = smoothed_targets(target, 13, PAD, smoothing).double()
     (2.5 * -(dist * F.log_softmax(reference.reshape(-1, 13), -1)).sum()).backward()
     assert torch.allclose(logits.grad, reference.grad, atol=1e-12)
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("rows", [4, 7, 100])
+def test_generator_nll_equals_the_loss_of_the_full_logits(smoothing, rows):
+    """The chunked output layer + loss: same value and same gradients for hidden, weight and bias."""
+    torch.manual_seed(0)
+    generator = torch.nn.Linear(5, 13).double()
+    hidden = torch.randn(3, 7, 5, dtype=torch.float64, requires_grad=True)
+    target = torch.randint(1, 13, (3, 7))
+    target[0, 4:] = PAD
+    loss, n = generator_nll(hidden, generator, target, PAD, smoothing, rows=rows)
+    (2.5 * loss).backward()
+    grads = [hidden.grad, generator.weight.grad, generator.bias.grad]
+    hidden.grad = generator.weight.grad = generator.bias.grad = None
+    expected, n_expected = label_smoothed_nll(generator(hidden), target, PAD, smoothing)
+    (2.5 * expected).backward()
+    assert n == n_expected == 21 - 3
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-12)
+    for got, want in zip(grads, [hidden.grad, generator.weight.grad, generator.bias.grad]):
+        assert torch.allclose(got, want, atol=1e-12)
+    with torch.no_grad():  # evaluation: the loss alone
+        assert generator_nll(hidden, generator, target, PAD, smoothing, rows)[0].item() == pytest.approx(loss.item())
