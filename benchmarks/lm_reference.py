@@ -5,7 +5,8 @@ block 64, batch 12, 2,000 iterations, dropout 0, on the same 90/10 split.
 Run from the repository root with the venv active:
     python benchmarks/lm_reference.py [--source PATH] [--lr 2e-3] [--norm-first]
 Prints one JSON object: the wall time of the whole run and its ms per
-iteration, the validation loss over the whole validation split and
+iteration, the median training step as the run logged it (what nanoGPT's log
+reports per iteration), the validation loss over the whole validation split and
 nanoGPT-style (mean of 20 random batches), and bare step times of our model
 and of a nanoGPT-shaped model built from torch's own modules, alternating.
 """
@@ -13,6 +14,7 @@ and of a nanoGPT-shaped model built from torch's own modules, alternating.
 import argparse
 import json
 import platform
+import statistics
 import tempfile
 import time
 from datetime import date
@@ -99,6 +101,10 @@ def main():
                           tmp / "live")
         wall = time.perf_counter() - start
         steps = (tmp / "live" / "plots" / "metrics" / "train" / "loss.tsv").read_text().count("\n") - 1
+        # What nanoGPT's log calls "time per iteration": each training step's own wall time, as the
+        # train stage logged it (train/tokens_per_s over the step's 12 x 64 tokens), the median.
+        rates = (tmp / "live" / "plots" / "metrics" / "train" / "tokens_per_s.tsv").read_text().split("\n")[1:]
+        step_ms = statistics.median(12 * 64 / float(line.split("\t")[-1]) * 1000 for line in rates if line)
         model_, state = checkpoint.load_model(tmp / "model.pt")
         valid = encode_text(load_tokenizers(tmp / "tok").target, read_text(tmp / "data", "valid"))
         full_valid = split_loss(model_, valid, 64)
@@ -115,6 +121,7 @@ def main():
                    "iters": args.iters, "lr": args.lr, "min_lr": args.min_lr, "warmup": args.warmup,
                    "norm_first": args.norm_first},
         "wall_s": round(wall, 1), "ms_per_iter_whole_run": round(wall / steps * 1000, 1),
+        "ms_per_iter_median": round(step_ms, 1),
         "ms_per_step_alternating": timed,
         "valid_loss_estimate_20_batches": round(state["valid_loss"], 4),
         "valid_loss_full_split": round(full_valid, 4),

@@ -84,3 +84,21 @@ def test_generator_nll_equals_the_loss_of_the_full_logits(smoothing, rows):
         assert torch.allclose(got, want, atol=1e-12)
     with torch.no_grad():  # evaluation: the loss alone
         assert generator_nll(hidden, generator, target, PAD, smoothing, rows)[0].item() == pytest.approx(loss.item())
+
+
+def test_generator_nll_under_bf16_autocast_stays_close_to_float32():
+    """The products run in bf16, the softmax and the sums in float32: the gradients match the types of the inputs."""
+    torch.manual_seed(0)
+    generator = torch.nn.Linear(16, 50)
+    hidden = torch.randn(40, 16, requires_grad=True)
+    target = torch.randint(1, 50, (40,))
+    exact, _ = generator_nll(hidden, generator, target, PAD, 0.1, rows=16)
+    exact.backward()
+    exact_grad = hidden.grad.clone()
+    hidden.grad = None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss, _ = generator_nll(hidden, generator, target, PAD, 0.1, rows=16)
+    loss.backward()
+    assert loss.dtype == torch.float32 and hidden.grad.dtype == generator.weight.grad.dtype == torch.float32
+    assert loss.item() == pytest.approx(exact.item(), rel=1e-2)
+    assert torch.allclose(hidden.grad, exact_grad, atol=2e-2 * exact_grad.abs().max().item())
