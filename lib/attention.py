@@ -47,7 +47,7 @@ def scaled_dot_product_attention(
             bias = bias.reshape(1, bias.size(2), bias.size(3))
         else:
             bias = bias.expand(B, H, -1, -1).reshape(B * H, bias.size(2), bias.size(3))
-        scores = torch.baddbmm(bias.to(q3.dtype), q3, k3.transpose(1, 2), alpha=D**-0.5)
+        scores = torch.baddbmm(bias, q3, k3.transpose(1, 2), alpha=D**-0.5)
     scores = scores.view(B, H, Tq, -1)  # (B, H, Tq, Tk)
     # Softmax in float32 so that low-precision autocast stays numerically safe.
     weights = F.softmax(scores.float(), dim=-1).to(q.dtype)  # (B, H, Tq, Tk)

@@ -167,13 +167,13 @@ class Session:
             self.last_path,
         )
 
-    def check_finite(self, loss: torch.Tensor, lr_param: str):
+    def check_finite(self, loss: float, lr_param: str):
         """Stop on a NaN or infinite loss, before the optimizer step spreads it into the weights."""
-        if not torch.isfinite(loss):
+        if not math.isfinite(loss):
             kept = f"the last good checkpoint, {self.last_path}, is kept" if self.last_path.is_file() else \
                 "no checkpoint was written yet"
             raise DivergedError(
-                f"training diverged at step {self.state['step']}: the loss is {loss.item()}. The likely cause is "
+                f"training diverged at step {self.state['step']}: the loss is {loss}. The likely cause is "
                 f"a learning rate too high for this model (train.{lr_param}, train.warmup); {kept}"
             )
 
@@ -320,7 +320,7 @@ def train_seq2seq(task, cfg: TrainConfig, data_dir, tokenizer_dir, model_path, c
                 loss_sum, _ = seq2seq_loss(run.train_model, batch, ids, cfg.label_smoothing)
             # DDP averages gradients over the processes: scale so that the update is the global batch's mean.
             loss = loss_sum / n_tokens * (weight * run.ctx.world)
-            global_loss = distributed.sum_over_processes(loss_sum.detach() * weight, run.ctx) / n_tokens
+            global_loss = (distributed.sum_over_processes(loss_sum.detach() * weight, run.ctx) / n_tokens).item()
             run.check_finite(global_loss, "lr_factor")
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm, foreach=True)
@@ -329,9 +329,9 @@ def train_seq2seq(task, cfg: TrainConfig, data_dir, tokenizer_dir, model_path, c
 
             seconds = time.perf_counter() - step_started
             flops = training_flops(cfg.model, run.vocab["tgt_vocab_size"], src_lengths, tgt_lengths)
-            run.log(**{"train/loss": global_loss.item(), "train/lr": lr, "train/grad_norm": grad_norm.item(),
+            run.log(**{"train/loss": global_loss, "train/lr": lr, "train/grad_norm": grad_norm.item(),
                        **speed(n_tokens + sum(src_lengths), flops, seconds, cfg.peak_tflops)})
-            progress.set_postfix(loss=f"{global_loss.item():.3f}", lr=f"{lr:.2e}")
+            progress.set_postfix(loss=f"{global_loss:.3f}", lr=f"{lr:.2e}")
             state["batches_done"] += 1
             if state["step"] % cfg.checkpoint_every == 0:
                 state["elapsed_s"] += time.perf_counter() - started
@@ -447,16 +447,16 @@ def train_lm(task, cfg: LMTrainConfig, data_dir, tokenizer_dir, model_path, chec
         x, y = x[run.ctx.rank::run.ctx.world], y[run.ctx.rank::run.ctx.world]  # this process's rows
         with run.autocast():
             loss = lm_loss(run.train_model, x.to(device), y.to(device))
-        global_loss = distributed.sum_over_processes(loss.detach(), run.ctx) / run.ctx.world
+        global_loss = (distributed.sum_over_processes(loss.detach(), run.ctx) / run.ctx.world).item()
         run.check_finite(global_loss, "lr")
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm, foreach=True)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-        run.log(**{"train/loss": global_loss.item(), "train/lr": lr, "train/grad_norm": grad_norm.item(),
+        run.log(**{"train/loss": global_loss, "train/lr": lr, "train/grad_norm": grad_norm.item(),
                    **speed(tokens, flops, time.perf_counter() - step_started, cfg.peak_tflops)})
-        progress.set_postfix(loss=f"{global_loss.item():.3f}", lr=f"{lr:.2e}")
+        progress.set_postfix(loss=f"{global_loss:.3f}", lr=f"{lr:.2e}")
         if step % cfg.eval_every == 0 or step == cfg.max_iters:
             train_loss = estimate_loss(model, eval_sets["train"], device)
             valid_loss = estimate_loss(model, eval_sets["valid"], device)

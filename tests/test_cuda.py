@@ -6,7 +6,7 @@ import torch
 from lib.attention import scaled_dot_product_attention
 from lib.masks import padding_mask
 from lib.model import Transformer
-from lib.optim import label_smoothed_nll
+from lib.optim import generator_nll
 from tests.conftest import model_config
 from tests.test_decoding import IDS, V, sources
 
@@ -32,9 +32,9 @@ def test_training_step_and_cached_decoding_on_cuda():
     model = Transformer(model_config(tie_embeddings=True), V, V, joint_vocab=True).cuda()
     src = sources().cuda()
     tgt = torch.randint(4, V, (src.size(0), 10), device="cuda")
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        logits = model(src, tgt, padding_mask(src, IDS.pad), None)
-    loss, n = label_smoothed_nll(logits, tgt, IDS.pad, 0.1)
+    with torch.autocast("cuda", dtype=torch.bfloat16):  # as the train stage does it: the fused output layer + loss
+        hidden = model(src, tgt, padding_mask(src, IDS.pad), None, project=False)
+        loss, n = generator_nll(hidden, model.generator, tgt, IDS.pad, 0.1)
     (loss / n).backward()
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
     model.eval()
