@@ -13,6 +13,7 @@ and of a nanoGPT-shaped model built from torch's own modules, alternating.
 
 import argparse
 import json
+import math
 import platform
 import statistics
 import tempfile
@@ -28,6 +29,7 @@ from lib import checkpoint, training
 from lib.config import LMTrainConfig, ModelConfig, TokenizeConfig
 from lib.data import read_text
 from lib.evaluation import split_loss
+from lib.optim import cosine_lr, weight_decay_groups
 from lib.model import build_model
 from lib.tasks import run_prepare, shakespeare
 from lib.tokenizer import encode_text, load_tokenizers, run as run_tokenize
@@ -35,41 +37,109 @@ from lib.tokenizer import encode_text, load_tokenizers, run as run_tokenize
 ROOT = Path(__file__).resolve().parents[1]
 
 
-class TorchReferenceLM(nn.Module):
-    """nanoGPT's shape from torch's own modules (a reference, never used by lib/):
-    learned positions, Pre-LN blocks with GELU, fused scaled-dot-product attention, tied head."""
+class NanoGPTReplica(nn.Module):
+    """nanoGPT's model as its README and paper trail describe it, rebuilt in plain torch as
+    a yardstick (never used by lib/): learned positions, Pre-LN blocks with bias-free
+    LayerNorm and linear layers, one fused QKV projection, torch's fused causal
+    scaled-dot-product attention, a 4x GELU MLP, a final LayerNorm and a head tied to
+    the token embedding; weights N(0, 0.02), the residual projections scaled by
+    1/sqrt(2 * layers). At width 128 and 4 layers it has nanoGPT's 0.80M parameters."""
 
-    def __init__(self, vocab_size: int, width: int, heads: int, layers: int, d_ff: int, block: int):
+    def __init__(self, vocab_size: int, width: int, heads: int, layers: int, block: int):
         super().__init__()
+        self.heads = heads
         self.tokens, self.positions = nn.Embedding(vocab_size, width), nn.Embedding(block, width)
-        layer = nn.TransformerEncoderLayer(width, heads, d_ff, 0.0, activation="gelu", batch_first=True,
-                                           norm_first=True)
-        self.blocks = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
-        self.norm, self.head = nn.LayerNorm(width), nn.Linear(width, vocab_size, bias=False)
+        self.blocks = nn.ModuleList(nn.ModuleDict({
+            "norm1": nn.LayerNorm(width, bias=False), "qkv": nn.Linear(width, 3 * width, bias=False),
+            "attn_out": nn.Linear(width, width, bias=False), "norm2": nn.LayerNorm(width, bias=False),
+            "fc": nn.Linear(width, 4 * width, bias=False), "fc_out": nn.Linear(4 * width, width, bias=False),
+        }) for _ in range(layers))
+        self.norm = nn.LayerNorm(width, bias=False)
+        self.head = nn.Linear(width, vocab_size, bias=False)
         self.head.weight = self.tokens.weight
+        for name, p in self.named_parameters():
+            if p.dim() == 2:
+                std = 0.02 / math.sqrt(2 * layers) if name.endswith(("attn_out.weight", "fc_out.weight")) else 0.02
+                nn.init.normal_(p, 0.0, std)
 
     def forward(self, ids):
-        T = ids.size(1)
+        B, T = ids.shape
         x = self.tokens(ids) + self.positions(torch.arange(T))
-        x = self.blocks(x, mask=nn.Transformer.generate_square_subsequent_mask(T), is_causal=True)
+        for b in self.blocks:
+            q, k, v = (t.view(B, T, self.heads, -1).transpose(1, 2) for t in b["qkv"](b["norm1"](x)).chunk(3, -1))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, -1)
+            x = x + b["attn_out"](y)
+            x = x + b["fc_out"](F.gelu(b["fc"](b["norm2"](x))))
         return self.head(self.norm(x))
 
 
-def step_times(models: dict, vocab_size: int, steps: int, rounds: int = 4) -> dict:
-    """ms per training step of each model, measured alternately on the same random batches."""
+def replica_optimizer(model: nn.Module, lr: float) -> torch.optim.AdamW:
+    """nanoGPT's AdamW on CPU: decay on 2-D parameters only, betas (0.9, 0.99), not fused."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                             lr=lr, betas=(0.9, 0.99))
+
+
+def train_replica(train: torch.Tensor, valid: torch.Tensor, vocab_size: int, args) -> dict:
+    """nanoGPT's training loop at its documented CPU run: random blocks, cosine schedule
+    with warmup, clip 1.0, a 20-batch estimate of both losses every 250 iterations and at
+    the end; an iteration's time as its log prints it (estimates not included)."""
+    torch.manual_seed(1337)
+    model = NanoGPTReplica(vocab_size, 128, 4, 4, 64).train()
+    optimizer = replica_optimizer(model, args.lr)
+
+    def batch(ids):
+        ix = torch.randint(len(ids) - 64, (12,))
+        return torch.stack([ids[i:i + 64] for i in ix]), torch.stack([ids[i + 1:i + 65] for i in ix])
+
+    def loss_of(x, y):
+        return F.cross_entropy(model(x).view(-1, vocab_size), y.view(-1))
+
+    @torch.no_grad()
+    def estimate(ids):
+        model.eval()
+        loss = sum(loss_of(*batch(ids)).item() for _ in range(20)) / 20
+        model.train()
+        return loss
+
+    step_s, valid_loss = [], math.inf
+    start = time.perf_counter()
+    for it in range(args.iters + 1):
+        if it % 250 == 0 or it == args.iters:
+            valid_loss = estimate(valid)
+        if it == args.iters:
+            break
+        began = time.perf_counter()
+        for group in optimizer.param_groups:
+            group["lr"] = cosine_lr(it, args.lr, args.min_lr, args.warmup, args.iters)
+        loss = loss_of(*batch(train))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        loss.item()
+        step_s.append(time.perf_counter() - began)
+    return {"wall_s": round(time.perf_counter() - start, 1),
+            "ms_per_iter_median": round(statistics.median(step_s) * 1000, 1),
+            "valid_loss_estimate_20_batches": round(valid_loss, 4),
+            "params_m": round(sum(p.numel() for p in model.parameters() if p is not model.positions.weight) / 1e6, 2)}
+
+
+def step_times(runs: dict, vocab_size: int, steps: int, rounds: int = 4) -> dict:
+    """ms per training step of each (model, optimizer), measured in turns on the same random batches."""
     batches = [torch.randint(vocab_size, (12, 65)) for _ in range(steps)]
-    optimizers = {name: torch.optim.AdamW(m.parameters(), lr=1e-4, betas=(0.9, 0.99), fused=True)
-                  for name, m in models.items()}
-    totals = dict.fromkeys(models, 0.0)
+    totals = dict.fromkeys(runs, 0.0)
     for round_ in range(rounds + 1):  # round 0 warms up
-        for name, model in models.items():
+        for name, (model, optimizer) in runs.items():
             start = time.perf_counter()
             for x in batches:
                 loss = F.cross_entropy(model(x[:, :-1]).reshape(-1, vocab_size), x[:, 1:].reshape(-1))
                 loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
-                optimizers[name].step()
-                optimizers[name].zero_grad(set_to_none=True)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                loss.item()
             if round_:
                 totals[name] += time.perf_counter() - start
     return {name: round(total / (rounds * steps) * 1000, 1) for name, total in totals.items()}
@@ -87,7 +157,8 @@ def main():
     args = parser.parse_args()
 
     model = ModelConfig(d_model=128, n_heads=4, encoder_layers=0, decoder_layers=4, d_ff=args.d_ff, dropout=0.0,
-                        norm_first=args.norm_first, tie_embeddings=True, fused_qkv=True, max_len=64)
+                        norm_first=args.norm_first, tie_embeddings=True, fused_qkv=True, max_len=64,
+                        bias=False)
     cfg = LMTrainConfig(seed=1337, device="cpu", max_iters=args.iters, batch_size=12, block_size=64,
                         schedule="cosine", lr=args.lr, min_lr=args.min_lr, warmup=args.warmup, weight_decay=0.1,
                         beta2=0.99, clip_norm=1.0, eval_every=args.iters, eval_batches=20,
@@ -109,12 +180,16 @@ def main():
         valid = encode_text(load_tokenizers(tmp / "tok").target, read_text(tmp / "data", "valid"))
         full_valid = split_loss(model_, valid, 64)
         vocab_size = load_tokenizers(tmp / "tok").target.get_vocab_size()
+        train = encode_text(load_tokenizers(tmp / "tok").target, read_text(tmp / "data", "train"))
+    replica = train_replica(train, valid, vocab_size, args)
     ours = build_model(model, "lm", vocab_size, vocab_size, joint_vocab=True).train()
-    reference = TorchReferenceLM(vocab_size, 128, 4, 4, args.d_ff, 64).train()
-    timed = step_times({"ours": ours, "torch_reference": reference}, vocab_size, steps=50)
+    ours_optimizer = torch.optim.AdamW(weight_decay_groups(ours, 0.1), betas=(0.9, 0.99), fused=True)
+    reference = NanoGPTReplica(vocab_size, 128, 4, 4, 64).train()
+    timed = step_times({"ours": (ours, ours_optimizer), "nanogpt_replica": (reference, replica_optimizer(reference, 1e-3))},
+                       vocab_size, steps=50)
     # ms_per_iter_whole_run: the training run's wall time over its steps (start-up and one
-    # evaluation included). ms_per_step_alternating: bare training steps of our model and of a
-    # nanoGPT-shaped model built from torch's modules, timed in turns on the same batches.
+    # evaluation included). ms_per_step_alternating: bare training steps of our model and of
+    # the nanoGPT replica, each with its own optimizer, timed in turns on the same batches.
     print(json.dumps({
         "benchmark": "lm_reference", "date": date.today().isoformat(),
         "config": {"layers": 4, "heads": 4, "width": 128, "d_ff": args.d_ff, "block": 64, "batch": 12,
@@ -125,6 +200,7 @@ def main():
         "ms_per_step_alternating": timed,
         "valid_loss_estimate_20_batches": round(state["valid_loss"], 4),
         "valid_loss_full_split": round(full_valid, 4),
+        "nanogpt_replica": replica,
         "machine": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
     }, indent=2))
 

@@ -33,7 +33,7 @@ from lib.data import Batch, collate, read_split, token_budget_batches
 from lib.metrics import training_flops
 from lib.model import SinusoidalPositionalEncoding, Transformer
 from lib.tokenizer import SpecialIds, encode_pairs, load_tokenizers, special_ids
-from lib.training import seq2seq_loss
+from lib.training import keep_freed_memory, seq2seq_loss
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -121,6 +121,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=4, help="timed rounds, after one warm-up round")
     args = parser.parse_args()
     torch.manual_seed(0)
+    keep_freed_memory()  # as the train stage does on a CPU; process-wide, so for both models
 
     cfg = ModelConfig(d_model=args.d_model, n_heads=args.heads, encoder_layers=args.layers,
                       decoder_layers=args.layers, d_ff=args.d_ff, dropout=args.dropout, norm_first=False,

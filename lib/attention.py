@@ -109,7 +109,7 @@ class MultiHeadAttention(nn.Module):
     """
 
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, fused_qkv: bool = True,
-                 positional: str = "sinusoidal", max_len: int = 0):
+                 positional: str = "sinusoidal", max_len: int = 0, bias: bool = True):
         """``positional`` rope or alibi acts here, in self and cross attention alike: in
         cross attention it compares the decoder position with the source position, a
         prior for monotonic alignment. Other values leave positions to the embeddings."""
@@ -124,32 +124,36 @@ class MultiHeadAttention(nn.Module):
         else:
             self.alibi_slopes = None
         if fused_qkv:
-            self.qkv_proj = nn.Linear(d_model, 3 * d_model)
+            self.qkv_proj = nn.Linear(d_model, 3 * d_model, bias=bias)
         else:
-            self.q_proj = nn.Linear(d_model, d_model)
-            self.k_proj = nn.Linear(d_model, d_model)
-            self.v_proj = nn.Linear(d_model, d_model)
-        self.out_proj = nn.Linear(d_model, d_model)
+            self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+            self.k_proj = nn.Linear(d_model, d_model, bias=bias)
+            self.v_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
         self.dropout = Dropout(dropout)
 
     def _project(self, x: torch.Tensor, memory: torch.Tensor | None):
-        """Queries from x; keys and values from memory (cross) or x (self)."""
+        """Queries from x; keys and values from memory (cross) or x (self): (B, H, T*, D) each."""
         if not self.fused_qkv:
             kv = x if memory is None else memory
-            return self.q_proj(x), self.k_proj(kv), self.v_proj(kv)
+            return tuple(self._split_heads(t) for t in (self.q_proj(x), self.k_proj(kv), self.v_proj(kv)))
         if memory is None:
-            return self.qkv_proj(x).chunk(3, dim=-1)
+            B, T, C = x.shape
+            # One copy lays out the heads of q, k and v contiguously, (3, B, H, T, D), where
+            # splitting each of them would copy three times (and three times in backward).
+            qkv = self.qkv_proj(x).view(B, T, 3, self.n_heads, C // self.n_heads).permute(2, 0, 3, 1, 4)
+            return qkv.contiguous().unbind(0)
         C = x.size(-1)
         w, b = self.qkv_proj.weight, self.qkv_proj.bias
-        q = F.linear(x, w[:C], b[:C])
-        k, v = F.linear(memory, w[C:], b[C:]).chunk(2, dim=-1)
-        return q, k, v
+        k, v = F.linear(memory, w[C:], None if b is None else b[C:]).chunk(2, dim=-1)
+        return self._split_heads(self._query(x)), self._split_heads(k), self._split_heads(v)
 
     def _query(self, x: torch.Tensor) -> torch.Tensor:
         if not self.fused_qkv:
             return self.q_proj(x)
         C = x.size(-1)
-        return F.linear(x, self.qkv_proj.weight[:C], self.qkv_proj.bias[:C])
+        b = self.qkv_proj.bias
+        return F.linear(x, self.qkv_proj.weight[:C], None if b is None else b[:C])
 
     def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
@@ -177,7 +181,7 @@ class MultiHeadAttention(nn.Module):
             if self.rotary is not None:
                 q = self.rotary(q, q_positions)
         else:
-            q, k, v = (self._split_heads(t) for t in self._project(x, memory))  # (B, H, T*, D)
+            q, k, v = self._project(x, memory)  # (B, H, T*, D)
             if self.rotary is not None:
                 q = self.rotary(q, q_positions)
                 k = self.rotary(k, q_positions if memory is None else torch.arange(k.size(2), device=k.device))

@@ -49,10 +49,10 @@ class LearnedPositionalEmbedding(nn.Module):
 class FeedForward(nn.Module):
     """FFN(x) = max(0, x W1 + b1) W2 + b2, applied at each position (sec. 3.3)."""
 
-    def __init__(self, d_model: int, d_ff: int, dropout: float):
+    def __init__(self, d_model: int, d_ff: int, dropout: float, bias: bool = True):
         super().__init__()
-        self.linear1 = nn.Linear(d_model, d_ff)
-        self.linear2 = nn.Linear(d_ff, d_model)
+        self.linear1 = nn.Linear(d_model, d_ff, bias=bias)
+        self.linear2 = nn.Linear(d_ff, d_model, bias=bias)
         self.dropout = Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -60,7 +60,16 @@ class FeedForward(nn.Module):
 
 
 def attention(cfg: ModelConfig) -> MultiHeadAttention:
-    return MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.fused_qkv, cfg.positional, cfg.max_len)
+    return MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.fused_qkv, cfg.positional, cfg.max_len,
+                              cfg.bias)
+
+
+def feed_forward(cfg: ModelConfig) -> FeedForward:
+    return FeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout, cfg.bias)
+
+
+def layer_norm(cfg: ModelConfig) -> nn.LayerNorm:
+    return nn.LayerNorm(cfg.d_model, bias=cfg.bias)
 
 
 class EncoderLayer(nn.Module):
@@ -74,9 +83,9 @@ class EncoderLayer(nn.Module):
         super().__init__()
         self.norm_first = cfg.norm_first
         self.self_attn = attention(cfg)
-        self.feed_forward = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout)
-        self.norm1 = nn.LayerNorm(cfg.d_model)
-        self.norm2 = nn.LayerNorm(cfg.d_model)
+        self.feed_forward = feed_forward(cfg)
+        self.norm1 = layer_norm(cfg)
+        self.norm2 = layer_norm(cfg)
         self.dropout = Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, cache: dict | None = None,
@@ -104,10 +113,10 @@ class DecoderLayer(nn.Module):
         self.norm_first = cfg.norm_first
         self.self_attn = attention(cfg)
         self.cross_attn = attention(cfg)
-        self.feed_forward = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout)
-        self.norm1 = nn.LayerNorm(cfg.d_model)
-        self.norm2 = nn.LayerNorm(cfg.d_model)
-        self.norm3 = nn.LayerNorm(cfg.d_model)
+        self.feed_forward = feed_forward(cfg)
+        self.norm1 = layer_norm(cfg)
+        self.norm2 = layer_norm(cfg)
+        self.norm3 = layer_norm(cfg)
         self.dropout = Dropout(cfg.dropout)
 
     def forward(self, x, memory, tgt_mask, src_mask, cache: dict | None = None, start: int = 0):
@@ -179,9 +188,9 @@ class Transformer(nn.Module):
         self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
         self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
         # Pre-LN leaves the residual stream unnormalised: one final norm per stack.
-        self.encoder_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
-        self.decoder_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
-        self.generator = nn.Linear(cfg.d_model, tgt_vocab_size)
+        self.encoder_norm = layer_norm(cfg) if cfg.norm_first else nn.Identity()
+        self.decoder_norm = layer_norm(cfg) if cfg.norm_first else nn.Identity()
+        self.generator = nn.Linear(cfg.d_model, tgt_vocab_size, bias=cfg.bias)
         _xavier_init(self)
         if cfg.tie_embeddings:  # sec. 3.4: one matrix for embeddings and pre-softmax
             self.generator.weight = self.tgt_embed.tokens.weight
@@ -230,8 +239,8 @@ class TransformerLM(nn.Module):
         self.cfg = cfg
         self.embed = Embedding(vocab_size, cfg)
         self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.decoder_layers))
-        self.norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
-        self.generator = nn.Linear(cfg.d_model, vocab_size)
+        self.norm = layer_norm(cfg) if cfg.norm_first else nn.Identity()
+        self.generator = nn.Linear(cfg.d_model, vocab_size, bias=cfg.bias)
         _xavier_init(self)
         if cfg.tie_embeddings:
             self.generator.weight = self.embed.tokens.weight

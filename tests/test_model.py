@@ -162,3 +162,36 @@ def test_byte_dropout_drops_at_its_rate_and_keeps_the_mean():
     odd = torch.ones(30, 5, 7, requires_grad=True)  # a size that is not a multiple of 4
     layer.train()(odd).sum().backward()
     assert odd.grad.unique().tolist() == pytest.approx([0.0, 256 / 230])  # the mask's gradient
+
+
+def test_bias_free_model_equals_the_biased_one_with_zero_biases():
+    """``bias: false`` drops every linear and LayerNorm bias (nanoGPT's choice) and changes nothing else."""
+    for kind in ("seq2seq", "lm"):
+        free = build_model(model_config(bias=False), kind, 30, 30, joint_vocab=True).eval()
+        biased = build_model(model_config(), kind, 30, 30, joint_vocab=True).eval()
+        assert not [n for n, _ in free.named_parameters() if n.endswith("bias")]
+        biases = {n for n, _ in biased.named_parameters() if n.endswith("bias")}
+        with torch.no_grad():
+            for name, p in biased.named_parameters():
+                p.copy_(torch.zeros_like(p) if name in biases else free.get_parameter(name))
+        src, tgt = torch.randint(1, 30, (2, 5)), torch.randint(1, 30, (2, 6))
+        if kind == "lm":
+            assert torch.allclose(free(tgt), biased(tgt), atol=1e-6)
+        else:  # cross attention too, through the fused projection's key/value rows
+            assert torch.allclose(logits(free, src, tgt), logits(biased, src, tgt), atol=1e-6)
+
+
+def test_bias_free_lm_is_causal_and_learns():
+    model = TransformerLM(model_config(bias=False, norm_first=True), 30).train()
+    ids = torch.randint(0, 30, (4, 12))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(60):
+        loss = torch.nn.functional.cross_entropy(model(ids[:, :-1]).reshape(-1, 30), ids[:, 1:].reshape(-1))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    assert loss.item() < 1.0
+    model.eval()
+    changed = ids.clone()
+    changed[:, 6] = (changed[:, 6] + 1) % 30
+    assert torch.allclose(model(ids)[:, :6], model(changed)[:, :6], atol=1e-6)
