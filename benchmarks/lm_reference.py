@@ -4,11 +4,13 @@ nanoGPT's README CPU run (shakespeare_char): 4 layers, 4 heads, width 128,
 block 64, batch 12, 2,000 iterations, dropout 0, on the same 90/10 split.
 Run from the repository root with the venv active:
     python benchmarks/lm_reference.py [--source PATH] [--lr 2e-3] [--norm-first]
-Prints one JSON object: the wall time of the whole run and its ms per
-iteration, the median training step as the run logged it (what nanoGPT's log
-reports per iteration), the validation loss over the whole validation split and
-nanoGPT-style (mean of 20 random batches), and bare step times of our model
-and of a nanoGPT-shaped model built from torch's own modules, alternating.
+Prints one JSON object. Ours, trained by the train stage's loop: the wall time
+of the whole run and its ms per iteration, the median training step as the
+run logged it (what nanoGPT's log reports per iteration), the validation loss
+over the whole validation split and nanoGPT-style (mean of 20 random batches).
+Then the same for a replica of nanoGPT (its model and its training loop,
+rebuilt here in plain torch) trained next in the same process, and bare step
+times of both models measured in turns on the same batches.
 """
 
 import argparse
