@@ -129,14 +129,16 @@ def train_replica(train: torch.Tensor, valid: torch.Tensor, vocab_size: int, arg
 
 
 def step_times(runs: dict, vocab_size: int, steps: int, rounds: int = 4) -> dict:
-    """ms per training step of each (model, optimizer), measured in turns on the same random batches."""
+    """ms per training step of each (model, optimizer, precision), measured in turns on the same random batches."""
     batches = [torch.randint(vocab_size, (12, 65)) for _ in range(steps)]
     totals = dict.fromkeys(runs, 0.0)
     for round_ in range(rounds + 1):  # round 0 warms up
-        for name, (model, optimizer) in runs.items():
+        for name, (model, optimizer, precision) in runs.items():
             start = time.perf_counter()
             for x in batches:
-                loss = F.cross_entropy(model(x[:, :-1]).reshape(-1, vocab_size), x[:, 1:].reshape(-1))
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+                    logits = model(x[:, :-1]).reshape(-1, vocab_size).float()
+                loss = F.cross_entropy(logits, x[:, 1:].reshape(-1))
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 optimizer.step()
@@ -156,6 +158,8 @@ def main():
     parser.add_argument("--d-ff", type=int, default=512)
     parser.add_argument("--norm-first", action="store_true")
     parser.add_argument("--iters", type=int, default=2000)
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                        help="ours only (nanoGPT's CPU run is fp32): bf16 autocast")
     args = parser.parse_args()
 
     model = ModelConfig(d_model=128, n_heads=4, encoder_layers=0, decoder_layers=4, d_ff=args.d_ff, dropout=0.0,
@@ -164,7 +168,7 @@ def main():
     cfg = LMTrainConfig(seed=1337, device="cpu", max_iters=args.iters, batch_size=12, block_size=64,
                         schedule="cosine", lr=args.lr, min_lr=args.min_lr, warmup=args.warmup, weight_decay=0.1,
                         beta2=0.99, clip_norm=1.0, eval_every=args.iters, eval_batches=20,
-                        checkpoint_every=args.iters, model=model)
+                        checkpoint_every=args.iters, precision=args.precision, model=model)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         run_prepare("shakespeare", shakespeare.PrepareConfig(source=args.source, train_fraction=0.9), tmp / "data")
@@ -187,8 +191,8 @@ def main():
     ours = build_model(model, "lm", vocab_size, vocab_size, joint_vocab=True).train()
     ours_optimizer = torch.optim.AdamW(weight_decay_groups(ours, 0.1), betas=(0.9, 0.99), fused=True)
     reference = NanoGPTReplica(vocab_size, 128, 4, 4, 64).train()
-    timed = step_times({"ours": (ours, ours_optimizer), "nanogpt_replica": (reference, replica_optimizer(reference, 1e-3))},
-                       vocab_size, steps=50)
+    timed = step_times({"ours": (ours, ours_optimizer, args.precision),
+                        "nanogpt_replica": (reference, replica_optimizer(reference, 1e-3), "fp32")}, vocab_size, steps=50)
     # ms_per_iter_whole_run: the training run's wall time over its steps (start-up and one
     # evaluation included). ms_per_step_alternating: bare training steps of our model and of
     # the nanoGPT replica, each with its own optimizer, timed in turns on the same batches.
@@ -196,7 +200,7 @@ def main():
         "benchmark": "lm_reference", "date": date.today().isoformat(),
         "config": {"layers": 4, "heads": 4, "width": 128, "d_ff": args.d_ff, "block": 64, "batch": 12,
                    "iters": args.iters, "lr": args.lr, "min_lr": args.min_lr, "warmup": args.warmup,
-                   "norm_first": args.norm_first},
+                   "norm_first": args.norm_first, "precision": args.precision},
         "wall_s": round(wall, 1), "ms_per_iter_whole_run": round(wall / steps * 1000, 1),
         "ms_per_iter_median": round(step_ms, 1),
         "ms_per_step_alternating": timed,
