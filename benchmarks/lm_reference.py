@@ -91,7 +91,7 @@ def train_replica(train: torch.Tensor, valid: torch.Tensor, vocab_size: int, arg
     model = NanoGPTReplica(vocab_size, 128, 4, 4, 64).train()
     optimizer = replica_optimizer(model, args.lr)
 
-    def batch(ids):
+    def batch(ids):  # nanoGPT's get_batch, slice by slice (not lib's random_blocks): its cost is part of its step
         ix = torch.randint(len(ids) - 64, (12,))
         return torch.stack([ids[i:i + 64] for i in ix]), torch.stack([ids[i + 1:i + 65] for i in ix])
 
@@ -183,10 +183,10 @@ def main():
         rates = (tmp / "live" / "plots" / "metrics" / "train" / "tokens_per_s.tsv").read_text().split("\n")[1:]
         step_ms = statistics.median(12 * 64 / float(line.split("\t")[-1]) * 1000 for line in rates if line)
         model_, state = checkpoint.load_model(tmp / "model.pt")
-        valid = encode_text(load_tokenizers(tmp / "tok").target, read_text(tmp / "data", "valid"))
+        tokenizer = load_tokenizers(tmp / "tok").target
+        train, valid = (encode_text(tokenizer, read_text(tmp / "data", split)) for split in ("train", "valid"))
         full_valid = split_loss(model_, valid, 64)
-        vocab_size = load_tokenizers(tmp / "tok").target.get_vocab_size()
-        train = encode_text(load_tokenizers(tmp / "tok").target, read_text(tmp / "data", "train"))
+        vocab_size = tokenizer.get_vocab_size()
     replica = train_replica(train, valid, vocab_size, args)
     ours = build_model(model, "lm", vocab_size, vocab_size, joint_vocab=True).train()
     ours_optimizer = torch.optim.AdamW(weight_decay_groups(ours, 0.1), betas=(0.9, 0.99), fused=True)

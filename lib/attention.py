@@ -143,17 +143,18 @@ class MultiHeadAttention(nn.Module):
             # splitting each of them would copy three times (and three times in backward).
             qkv = self.qkv_proj(x).view(B, T, 3, self.n_heads, C // self.n_heads).permute(2, 0, 3, 1, 4)
             return qkv.contiguous().unbind(0)
-        C = x.size(-1)
-        w, b = self.qkv_proj.weight, self.qkv_proj.bias
-        k, v = F.linear(memory, w[C:], None if b is None else b[C:]).chunk(2, dim=-1)
+        k, v = self._fused_rows(memory, slice(x.size(-1), None)).chunk(2, dim=-1)
         return self._split_heads(self._query(x)), self._split_heads(k), self._split_heads(v)
 
     def _query(self, x: torch.Tensor) -> torch.Tensor:
         if not self.fused_qkv:
             return self.q_proj(x)
-        C = x.size(-1)
+        return self._fused_rows(x, slice(None, x.size(-1)))
+
+    def _fused_rows(self, x: torch.Tensor, rows: slice) -> torch.Tensor:
+        """x through some rows of the fused (3C, C) projection: the query rows, or the key/value rows."""
         b = self.qkv_proj.bias
-        return F.linear(x, self.qkv_proj.weight[:C], None if b is None else b[:C])
+        return F.linear(x, self.qkv_proj.weight[rows], None if b is None else b[rows])
 
     def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
