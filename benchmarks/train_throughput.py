@@ -4,7 +4,7 @@ Both models get the same sizes (default: d_model 256, 8 heads, 3+3 layers,
 feed-forward 1024, dropout 0.1 in the same places: embeddings, residual
 branches, attention weights and the feed-forward's activation), the same
 batches (multi30k token-budget batches when data/multi30k exists, else random
-tokens of 64 x 24 + 24), the same optimizer (Adam, betas 0.9/0.98) and the same
+tokens of 64 x 24 + 24), the same optimizer (fused Adam, betas 0.9/0.98, as the train stage) and the same
 label smoothing, each with its own idiomatic loss. They are timed alternately,
 round after round, in one process, so that a noisy machine slows both alike.
 Run from the repository root with the venv active:
@@ -130,7 +130,7 @@ def main():
     batches, ids, V, source = load_batches(args.max_tokens, args.steps)
     models = {"ours": (Transformer(cfg, V, V, joint_vocab=True), ours_loss),
               "torch_nn_transformer": (TorchReference(cfg, V), torch_loss)}
-    optimizers = {name: torch.optim.Adam(m.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+    optimizers = {name: torch.optim.Adam(m.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
                   for name, (m, _) in models.items()}
     tokens = sum(b.n_tokens + int((b.src != ids.pad).sum()) for b in batches)
     flops = sum(training_flops(cfg, V, (b.src != ids.pad).sum(1).tolist(), (b.tgt_out != ids.pad).sum(1).tolist())

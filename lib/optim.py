@@ -33,31 +33,37 @@ def smoothed_targets(target: torch.Tensor, vocab_size: int, pad_id: int, smoothi
     return dist  # (N, V)
 
 
-def _smoothed_nll_rows(z: torch.Tensor, target: torch.Tensor, pad_id: int, smoothing: float):
-    """Per-row smoothed cross-entropy of float logits z (N, V), and their logsumexp (N,).
+def _row_terms(z: torch.Tensor, target: torch.Tensor, pad_id: int) -> tuple[torch.Tensor, ...]:
+    """What the smoothed loss needs of logits z (N, V): the gold logit, the row sum, the pad logit (N,) each."""
+    return z.gather(1, target[:, None]).squeeze(1), z.sum(dim=1), z[:, pad_id].clone()
+
+
+def _smoothed_nll(gold, total, pad, lse, target: torch.Tensor, pad_id: int, smoothing: float, V: int):
+    """Per-row smoothed cross-entropy from ``_row_terms`` and the rows' logsumexp lse (N,).
 
     With log p_v = z_v - lse: -sum_v q_v log p_v
     = -(1-e) log p_gold - e/(V-2) (sum_v log p_v - log p_gold - log p_pad). Pad targets give 0.
     """
-    V = z.size(-1)
-    lse = torch.logsumexp(z, dim=1)  # (N,)
-    gold = z.gather(1, target[:, None]).squeeze(1) - lse  # log p_gold (N,)
-    loss = -(1.0 - smoothing) * gold
+    log_gold = gold - lse
+    loss = -(1.0 - smoothing) * log_gold
     if smoothing > 0:
-        rest = z.sum(dim=1) - V * lse - gold - (z[:, pad_id] - lse)
-        loss = loss - smoothing / (V - 2) * rest
-    return loss * (target != pad_id), lse
+        loss = loss - smoothing / (V - 2) * (total - V * lse - log_gold - (pad - lse))
+    return loss * (target != pad_id)
 
 
-def _softmax_minus_target_(p: torch.Tensor, target: torch.Tensor, pad_id: int, smoothing: float,
-                           row_scale: torch.Tensor) -> torch.Tensor:
-    """Turn softmax rows p (N, V) in place into (p - q) * row_scale: the loss's gradient."""
-    V = p.size(-1)
+def _softmax_minus_target_(e: torch.Tensor, target: torch.Tensor, pad_id: int, smoothing: float,
+                           row_scale: torch.Tensor, row_sum: torch.Tensor | None = None) -> torch.Tensor:
+    """Turn rows e (N, V) in place into (softmax - q) * row_scale: the loss's gradient.
+
+    e is the softmax itself, or with ``row_sum`` (N,) exp(z - c) for any per-row c,
+    whose softmax is e / row_sum.
+    """
+    V = e.size(-1)
     other = smoothing / (V - 2)
-    p.sub_(other)
-    p[:, pad_id] += other  # q_pad = 0
-    p.scatter_add_(1, target[:, None], p.new_full((len(target), 1), other - (1.0 - smoothing)))
-    return p.mul_(row_scale[:, None])
+    p_scale = row_scale if row_sum is None else row_scale / row_sum
+    e.mul_(p_scale[:, None]).sub_((other * row_scale)[:, None])  # (p - other) * row_scale
+    e[:, pad_id] += other * row_scale  # q_pad = 0
+    return e.scatter_add_(1, target[:, None], ((other - (1.0 - smoothing)) * row_scale)[:, None])
 
 
 class _LabelSmoothedNLL(torch.autograd.Function):
@@ -72,7 +78,8 @@ class _LabelSmoothedNLL(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, target, pad_id: int, smoothing: float):
         z = logits.to(torch.promote_types(logits.dtype, torch.float32))  # (N, V)
-        loss, lse = _smoothed_nll_rows(z, target, pad_id, smoothing)
+        lse = torch.logsumexp(z, dim=1)  # (N,)
+        loss = _smoothed_nll(*_row_terms(z, target, pad_id), lse, target, pad_id, smoothing, z.size(-1))
         ctx.save_for_backward(z, lse, target)
         ctx.pad_id, ctx.smoothing, ctx.dtype = pad_id, smoothing, logits.dtype
         return loss.sum()
@@ -103,10 +110,13 @@ def _generator_nll(hidden, weight, bias, target, pad_id: int, smoothing: float, 
     for i in range(0, len(hidden), rows):
         h, t = hidden[i:i + rows], target[i:i + rows]  # (n, C), (n,)
         z = F.linear(h, weight, bias).to(acc)  # (n, V); under autocast the product is bf16
-        loss, lse = _smoothed_nll_rows(z, t, pad_id, smoothing)
-        total += loss.sum()
+        # Shift each row by its max, then exponentiate in place: the block is never copied.
+        z.sub_(z.amax(dim=1, keepdim=True))
+        terms = _row_terms(z, t, pad_id)
+        row_sum = z.exp_().sum(dim=1)  # z is now exp(z - max) (n, V)
+        total += _smoothed_nll(*terms, row_sum.log(), t, pad_id, smoothing, z.size(-1)).sum()
         if with_grad:
-            p = _softmax_minus_target_(z.sub_(lse[:, None]).exp_(), t, pad_id, smoothing, (t != pad_id).float())
+            p = _softmax_minus_target_(z, t, pad_id, smoothing, (t != pad_id).to(acc), row_sum)
             grads[0][i:i + rows] = p @ weight  # (n, C)
             grads[1].add_(p.t() @ h)  # (V, C)
             if bias is not None:

@@ -308,8 +308,8 @@ def stop_reason(cfg: TrainConfig, state: dict) -> str | None:
 
 def train_seq2seq(task, cfg: TrainConfig, data_dir, tokenizer_dir, model_path, checkpoint_dir, live_dir) -> dict:
     """Epochs of token-budget batches until ``stop_reason``; model.pt the best (or averaged) weights."""
-    def adam(model):
-        return torch.optim.Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9)
+    def adam(model):  # fused: one pass over each parameter, half the time of the foreach kernels on a CPU
+        return torch.optim.Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9, fused=True)
 
     run = Session(task, cfg, ("epochs", "epoch"), data_dir, tokenizer_dir, checkpoint_dir, live_dir, adam,
                   {"epoch": 0, "batches_done": 0, "elapsed_s": 0.0, "epochs_since_best": 0}, {},
