@@ -4,8 +4,8 @@ Both models get the same sizes (default: d_model 256, 8 heads, 3+3 layers,
 feed-forward 1024, dropout 0.1 in the same places: embeddings, residual
 branches, attention weights and the feed-forward's activation), the same
 batches (multi30k token-budget batches when data/multi30k exists, else random
-tokens of 64 x 24 + 24), the same optimizer (fused Adam, betas 0.9/0.98, as the train stage) and the same
-label smoothing, each with its own idiomatic loss. They are timed alternately,
+tokens of 64 x 24 + 24), the same optimizer (fused Adam, betas 0.9/0.98, as
+the train stage) and the same label smoothing, each with its own idiomatic loss. They are timed alternately,
 round after round, in one process, so that a noisy machine slows both alike.
 Run from the repository root with the venv active:
     PYTHONPATH=. python benchmarks/train_throughput.py [--precision fp32|bf16] [--rounds 4] [--steps 10]
@@ -13,13 +13,18 @@ Prints one JSON object; tokens are the non-pad source plus target tokens.
 MFU: the model's matmul FLOPs per second (lib.metrics.training_flops, on the
 real lengths) over this machine's measured matmul peak in the same precision
 (square products of 1024 and 2048, best of several), measured again after
-every round: the fastest round over the highest peak.
+every round: "mfu" is the fastest round over the highest peak. A shared
+machine's speed drifts by tens of percent within seconds, and the extremes of
+two noisy series rarely fall together, so "mfu_paired" also times every step
+against two 2048 products run right after it: the median over the steps of the
+step's rate over that peak.
 """
 
 import argparse
 import json
 import math
 import platform
+import statistics
 import time
 from datetime import date
 from pathlib import Path
@@ -88,6 +93,16 @@ def matmul_peak(precision: str, repeats: int = 5) -> float:
     return best
 
 
+def peak_after_step(a: torch.Tensor, b: torch.Tensor) -> float:
+    """The better FLOP/s of two a @ b products, run right after a training step."""
+    best = 0.0
+    for _ in range(2):
+        start = time.perf_counter()
+        a @ b
+        best = max(best, 2 * a.size(0) * a.size(1) * b.size(1) / (time.perf_counter() - start))
+    return best
+
+
 def load_batches(max_tokens: int, n: int) -> tuple[list[Batch], SpecialIds, int, str]:
     """n multi30k training batches if the pipeline has built them, else random 64 x 24 + 24 batches."""
     data, tok = ROOT / "data" / "multi30k", ROOT / "models" / "multi30k" / "tokenizer"
@@ -133,24 +148,29 @@ def main():
     optimizers = {name: torch.optim.Adam(m.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
                   for name, (m, _) in models.items()}
     tokens = sum(b.n_tokens + int((b.src != ids.pad).sum()) for b in batches)
-    flops = sum(training_flops(cfg, V, (b.src != ids.pad).sum(1).tolist(), (b.tgt_out != ids.pad).sum(1).tolist())
-                for b in batches)
-    rounds, peaks = {name: [] for name in models}, []
+    batch_flops = [training_flops(cfg, V, (b.src != ids.pad).sum(1).tolist(), (b.tgt_out != ids.pad).sum(1).tolist())
+                   for b in batches]
+    flops = sum(batch_flops)
+    dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
+    square = torch.randn(2048, 2048, dtype=dtype), torch.randn(2048, 2048, dtype=dtype)
+    rounds, peaks, paired = {name: [] for name in models}, [], {name: [] for name in models}
     for round_ in range(args.rounds + 1):  # round 0 warms up
         round_seconds = {}
         for name, (model, loss_fn) in models.items():
             model.train()
-            start = time.perf_counter()
-            for batch in batches:
+            round_seconds[name] = 0.0
+            for batch, step_flops in zip(batches, batch_flops):
+                start = time.perf_counter()
                 with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
                     loss = loss_fn(model, batch, ids, 0.1)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
                 optimizers[name].step()
                 optimizers[name].zero_grad(set_to_none=True)
-            round_seconds[name] = time.perf_counter() - start
-        # The peak is measured again after every round: a shared machine's speed drifts by tens
-        # of percent within minutes, so MFU takes the fastest round over the highest peak.
+                seconds = time.perf_counter() - start
+                round_seconds[name] += seconds
+                if round_:
+                    paired[name].append(step_flops / seconds / peak_after_step(*square))
         peak = matmul_peak(args.precision, repeats=2)
         if round_:
             peaks.append(peak)
@@ -171,6 +191,7 @@ def main():
         "round_s": {name: [round(s, 2) for s in values] for name, values in rounds.items()},
         "matmul_peak_gflops": [round(p / 1e9, 1) for p in peaks],
         "mfu": {name: round(flops / min(values) / max(peaks), 3) for name, values in rounds.items()},
+        "mfu_paired": {name: round(statistics.median(values), 3) for name, values in paired.items()},
     }))
 
 
