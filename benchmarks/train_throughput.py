@@ -5,8 +5,9 @@ feed-forward 1024, dropout 0.1 in the same places: embeddings, residual
 branches, attention weights and the feed-forward's activation), the same
 batches (multi30k token-budget batches when data/multi30k exists, else random
 tokens of 64 x 24 + 24), the same optimizer (fused Adam, betas 0.9/0.98, as
-the train stage) and the same label smoothing, each with its own idiomatic loss. They are timed alternately,
-round after round, in one process, so that a noisy machine slows both alike.
+the train stage) and the same label smoothing, each with its own idiomatic
+loss. They are timed alternately, round after round, in one process, so that
+a noisy machine slows both alike.
 Run from the repository root with the venv active:
     PYTHONPATH=. python benchmarks/train_throughput.py [--precision fp32|bf16] [--rounds 4] [--steps 10]
 Prints one JSON object; tokens are the non-pad source plus target tokens.

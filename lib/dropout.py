@@ -28,8 +28,8 @@ class Dropout(nn.Module):
         words = torch.empty((n + 7) // 8, dtype=torch.int64, device=x.device).random_(-(2**63), None)
         byte = words.view(torch.uint8)[:n].view(x.shape)  # each byte uniform on 0..255
         # Bytes are whole numbers, so byte - (threshold - 1) clamped to [0, 1] is 1 where the byte
-        # is kept and 0 where it is dropped: three passes in place, where a comparison and the
-        # cast of its bool mask took four times as long on a CPU.
+        # is kept and 0 where it is dropped: a cast and three passes in place, a quarter of the
+        # time of a comparison and the cast of its bool mask on a CPU.
         keep = byte.to(x.dtype).sub_(self.threshold - 1).clamp_(0, 1).mul_(self.scale)
         return x * keep
 
