@@ -78,29 +78,21 @@ def torch_loss(model, batch: Batch, ids: SpecialIds, smoothing: float):
                            ignore_index=ids.pad, label_smoothing=smoothing)
 
 
-def matmul_peak(precision: str, repeats: int = 5) -> float:
+def product_rate(a: torch.Tensor, b: torch.Tensor, products: int = 1) -> float:
+    """FLOP/s of ``products`` back-to-back a @ b products."""
+    start = time.perf_counter()
+    for _ in range(products):
+        a @ b
+    return products * 2 * a.size(0) * a.size(1) * b.size(1) / (time.perf_counter() - start)
+
+
+def matmul_peak(dtype: torch.dtype, repeats: int = 5) -> float:
     """The best FLOP/s of square matmuls on this machine, in the benchmark's precision."""
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     best = 0.0
     for n in (1024, 2048):
         a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-        for _ in range(3):
-            a @ b
-        for _ in range(repeats):
-            start = time.perf_counter()
-            for _ in range(4):
-                a @ b
-            best = max(best, 4 * 2 * n**3 / (time.perf_counter() - start))
-    return best
-
-
-def peak_after_step(a: torch.Tensor, b: torch.Tensor) -> float:
-    """The better FLOP/s of two a @ b products, run right after a training step."""
-    best = 0.0
-    for _ in range(2):
-        start = time.perf_counter()
-        a @ b
-        best = max(best, 2 * a.size(0) * a.size(1) * b.size(1) / (time.perf_counter() - start))
+        product_rate(a, b, products=3)  # warm-up
+        best = max([best] + [product_rate(a, b, products=4) for _ in range(repeats)])
     return best
 
 
@@ -171,8 +163,9 @@ def main():
                 seconds = time.perf_counter() - start
                 round_seconds[name] += seconds
                 if round_:
-                    paired[name].append(step_flops / seconds / peak_after_step(*square))
-        peak = matmul_peak(args.precision, repeats=2)
+                    peak_now = max(product_rate(*square) for _ in range(2))  # right after the step
+                    paired[name].append(step_flops / seconds / peak_now)
+        peak = matmul_peak(dtype, repeats=2)
         if round_:
             peaks.append(peak)
             for name, s in round_seconds.items():
