@@ -10,15 +10,17 @@ loss. They are timed alternately, round after round, in one process, so that
 a noisy machine slows both alike.
 Run from the repository root with the venv active:
     PYTHONPATH=. python benchmarks/train_throughput.py [--precision fp32|bf16] [--rounds 4] [--steps 10]
+        [--device cpu|cuda] [--data DIR --tokenizer DIR]
 Prints one JSON object; tokens are the non-pad source plus target tokens.
 MFU: the model's matmul FLOPs per second (lib.metrics.training_flops, on the
 real lengths) over this machine's measured matmul peak in the same precision
-(square products of 1024 and 2048, best of several), measured again after
-every round: "mfu" is the fastest round over the highest peak. A shared
-machine's speed drifts by tens of percent within seconds, and the extremes of
-two noisy series rarely fall together, so "mfu_paired" also times every step
-against two 2048 products run right after it: the median over the steps of the
-step's rate over that peak.
+(square products of 1024 and 2048 on a CPU, 4096 and 8192 on a GPU, best of
+several), measured again after every round: "mfu" is the fastest round over
+the highest peak. A shared machine's speed drifts by tens of percent within
+seconds, and the extremes of two noisy series rarely fall together, so
+"mfu_paired" also times every step against two of the larger products run
+right after it: the median over the steps of the step's rate over that peak.
+On a GPU every timing waits for the device to finish its queued work.
 """
 
 import argparse
@@ -60,7 +62,7 @@ class TorchReference(nn.Module):
 
     def forward(self, src, tgt, pad_id):
         embed = lambda ids: self.dropout(self.positions(self.embed(ids) * self.scale))  # noqa: E731
-        causal = torch.ones(tgt.size(1), tgt.size(1), dtype=torch.bool).triu(1)  # True: may not attend
+        causal = torch.ones(tgt.size(1), tgt.size(1), dtype=torch.bool, device=tgt.device).triu(1)  # True: may not attend
         hidden = self.transformer(embed(src), embed(tgt), tgt_mask=causal, tgt_is_causal=True,
                                   src_key_padding_mask=src == pad_id, tgt_key_padding_mask=tgt == pad_id,
                                   memory_key_padding_mask=src == pad_id)
@@ -78,27 +80,38 @@ def torch_loss(model, batch: Batch, ids: SpecialIds, smoothing: float):
                            ignore_index=ids.pad, label_smoothing=smoothing)
 
 
+def clock(device: torch.device) -> float:
+    """Seconds now, once the device has done the work queued on it (a GPU runs behind the Python code)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
 def product_rate(a: torch.Tensor, b: torch.Tensor, products: int = 1) -> float:
     """FLOP/s of ``products`` back-to-back a @ b products."""
-    start = time.perf_counter()
+    start = clock(a.device)
     for _ in range(products):
         a @ b
-    return products * 2 * a.size(0) * a.size(1) * b.size(1) / (time.perf_counter() - start)
+    return products * 2 * a.size(0) * a.size(1) * b.size(1) / (clock(a.device) - start)
 
 
-def matmul_peak(dtype: torch.dtype, repeats: int = 5) -> float:
+def square_sizes(device: torch.device) -> tuple[int, int]:
+    """Matrix sizes that reach the device's matmul peak: a GPU needs larger ones to fill it."""
+    return (4096, 8192) if device.type == "cuda" else (1024, 2048)
+
+
+def matmul_peak(dtype: torch.dtype, device: torch.device, repeats: int = 5) -> float:
     """The best FLOP/s of square matmuls on this machine, in the benchmark's precision."""
     best = 0.0
-    for n in (1024, 2048):
-        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    for n in square_sizes(device):
+        a, b = torch.randn(n, n, dtype=dtype, device=device), torch.randn(n, n, dtype=dtype, device=device)
         product_rate(a, b, products=3)  # warm-up
         best = max([best] + [product_rate(a, b, products=4) for _ in range(repeats)])
     return best
 
 
-def load_batches(max_tokens: int, n: int) -> tuple[list[Batch], SpecialIds, int, str]:
+def load_batches(max_tokens: int, n: int, data: Path, tok: Path) -> tuple[list[Batch], SpecialIds, int, str]:
     """n multi30k training batches if the pipeline has built them, else random 64 x 24 + 24 batches."""
-    data, tok = ROOT / "data" / "multi30k", ROOT / "models" / "multi30k" / "tokenizer"
     if (data / "train.parquet").is_file() and tok.is_dir():
         tokenizers = load_tokenizers(tok)
         ids = special_ids(tokenizers)
@@ -127,25 +140,31 @@ def main():
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     parser.add_argument("--steps", type=int, default=10, help="batches per model per round")
     parser.add_argument("--rounds", type=int, default=4, help="timed rounds, after one warm-up round")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--data", type=Path, default=ROOT / "data" / "multi30k", help="the prepared multi30k data")
+    parser.add_argument("--tokenizer", type=Path, default=ROOT / "models" / "multi30k" / "tokenizer")
     args = parser.parse_args()
     torch.manual_seed(0)
+    device = torch.device(args.device)
     keep_freed_memory()  # as the train stage does on a CPU; process-wide, so for both models
 
     cfg = ModelConfig(d_model=args.d_model, n_heads=args.heads, encoder_layers=args.layers,
                       decoder_layers=args.layers, d_ff=args.d_ff, dropout=args.dropout, norm_first=False,
                       tie_embeddings=True, fused_qkv=True, max_len=256,
                       activation_dropout=args.dropout if args.activation_dropout is None else args.activation_dropout)
-    batches, ids, V, source = load_batches(args.max_tokens, args.steps)
-    models = {"ours": (Transformer(cfg, V, V, joint_vocab=True), ours_loss),
-              "torch_nn_transformer": (TorchReference(cfg, V), torch_loss)}
+    batches, ids, V, source = load_batches(args.max_tokens, args.steps, args.data, args.tokenizer)
+    models = {"ours": (Transformer(cfg, V, V, joint_vocab=True).to(device), ours_loss),
+              "torch_nn_transformer": (TorchReference(cfg, V).to(device), torch_loss)}
     optimizers = {name: torch.optim.Adam(m.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
                   for name, (m, _) in models.items()}
     tokens = sum(b.n_tokens + int((b.src != ids.pad).sum()) for b in batches)
     batch_flops = [training_flops(cfg, V, (b.src != ids.pad).sum(1).tolist(), (b.tgt_out != ids.pad).sum(1).tolist())
                    for b in batches]
     flops = sum(batch_flops)
+    batches = [b.to(device) for b in batches]
     dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
-    square = torch.randn(2048, 2048, dtype=dtype), torch.randn(2048, 2048, dtype=dtype)
+    n = square_sizes(device)[-1]
+    square = torch.randn(n, n, dtype=dtype, device=device), torch.randn(n, n, dtype=dtype, device=device)
     rounds, peaks, paired = {name: [] for name in models}, [], {name: [] for name in models}
     for round_ in range(args.rounds + 1):  # round 0 warms up
         round_seconds = {}
@@ -153,19 +172,19 @@ def main():
             model.train()
             round_seconds[name] = 0.0
             for batch, step_flops in zip(batches, batch_flops):
-                start = time.perf_counter()
-                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+                start = clock(device)
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.precision == "bf16"):
                     loss = loss_fn(model, batch, ids, 0.1)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
                 optimizers[name].step()
                 optimizers[name].zero_grad(set_to_none=True)
-                seconds = time.perf_counter() - start
+                seconds = clock(device) - start
                 round_seconds[name] += seconds
                 if round_:
                     peak_now = max(product_rate(*square) for _ in range(2))  # right after the step
                     paired[name].append(step_flops / seconds / peak_now)
-        peak = matmul_peak(dtype, repeats=2)
+        peak = matmul_peak(dtype, device, repeats=2)
         if round_:
             peaks.append(peak)
             for name, s in round_seconds.items():
@@ -175,6 +194,7 @@ def main():
     print(json.dumps({
         "benchmark": "train_throughput", "date": date.today().isoformat(), "machine": platform.processor() or
         platform.machine(), "threads": torch.get_num_threads(), "torch": torch.__version__, "batches": source,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "precision": args.precision, "model": {k: getattr(cfg, k) for k in ("d_model", "n_heads", "encoder_layers",
                                                                             "decoder_layers", "d_ff", "dropout",
                                                                             "activation_dropout")},

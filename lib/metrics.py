@@ -18,16 +18,15 @@ def training_flops(cfg, vocab_size: int, src_lengths: list[int], tgt_lengths: li
     the decoder-only LM, whose blocks have no cross attention.
     """
     C, F = cfg.d_model, cfg.d_ff
-    macs = 0.0
-    for s in src_lengths:
-        macs += cfg.encoder_layers * (s * (4 * C * C + 2 * C * F) + 2 * s * s * C)
-    cross = bool(src_lengths)
-    for i, t in enumerate(tgt_lengths):
-        per_layer = t * (4 * C * C + 2 * C * F) + 2 * t * t * C
-        if cross:  # queries and output on the target, keys and values on the source
-            s = src_lengths[i]
-            per_layer += t * 2 * C * C + s * 2 * C * C + 2 * t * s * C
-        macs += cfg.decoder_layers * per_layer + t * C * vocab_size
+    # Summed over the batch: only these sums enter (a loop over sentences took ms a step).
+    S, SS = sum(src_lengths), sum(s * s for s in src_lengths)
+    T, TT = sum(tgt_lengths), sum(t * t for t in tgt_lengths)
+    encoder = S * (4 * C * C + 2 * C * F) + 2 * SS * C
+    decoder = T * (4 * C * C + 2 * C * F) + 2 * TT * C
+    if src_lengths:  # cross attention: queries and output on the target, keys and values on the source
+        TS = sum(t * s for t, s in zip(tgt_lengths, src_lengths))
+        decoder += T * 2 * C * C + S * 2 * C * C + 2 * TS * C
+    macs = cfg.encoder_layers * encoder + cfg.decoder_layers * decoder + T * C * vocab_size
     return 3 * 2 * macs
 
 

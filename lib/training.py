@@ -350,9 +350,10 @@ def train_seq2seq(task, cfg: TrainConfig, data_dir, tokenizer_dir, model_path, c
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
+            grad_norm = grad_norm.item()  # waits for the step's last kernel: on a GPU the clock runs ahead of it
             seconds = time.perf_counter() - step_started
             flops = training_flops(cfg.model, run.vocab["tgt_vocab_size"], src_lengths, tgt_lengths)
-            run.log(**{"train/loss": global_loss, "train/lr": lr, "train/grad_norm": grad_norm.item(),
+            run.log(**{"train/loss": global_loss, "train/lr": lr, "train/grad_norm": grad_norm,
                        **speed(n_tokens + sum(src_lengths), flops, seconds, cfg.peak_tflops)})
             progress.set_postfix(loss=f"{global_loss:.3f}", lr=f"{lr:.2e}")
             state["batches_done"] += 1
@@ -477,7 +478,8 @@ def train_lm(task, cfg: LMTrainConfig, data_dir, tokenizer_dir, model_path, chec
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-        run.log(**{"train/loss": global_loss, "train/lr": lr, "train/grad_norm": grad_norm.item(),
+        grad_norm = grad_norm.item()  # waits for the step's last kernel: on a GPU the clock runs ahead of it
+        run.log(**{"train/loss": global_loss, "train/lr": lr, "train/grad_norm": grad_norm,
                    **speed(tokens, flops, time.perf_counter() - step_started, cfg.peak_tflops)})
         progress.set_postfix(loss=f"{global_loss:.3f}", lr=f"{lr:.2e}")
         if step % cfg.eval_every == 0 or step == cfg.max_iters:

@@ -13,16 +13,23 @@ from tests.test_decoding import IDS, V, sources
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
 
 
-def test_bf16_attention_stays_finite_and_close_to_fp32():
-    q, k, v = (torch.randn(4, 8, 64, 32, device="cuda") * 8 for _ in range(3))  # large scores
+@pytest.mark.parametrize("scale", [1, 8])
+def test_bf16_attention_stays_finite_and_close_to_fp32(scale):
+    """Large scores (scale 8: logits in the hundreds) must stay finite; at unit scale bf16 must track fp32.
+
+    At scale 8 the softmax is nearly one-hot and bf16's rounding of the scores
+    (~0.4%) can swap near-tied keys, so closeness is asserted at unit scale only.
+    """
+    q, k, v = (torch.randn(4, 8, 64, 32, device="cuda") * scale for _ in range(3))
     mask = padding_mask(torch.tensor([[1] * 60 + [0] * 4] * 4, device="cuda"), 0)
     mask[0] = False  # one fully masked example
     exact, _ = scaled_dot_product_attention(q, k, v, mask)
     with torch.autocast("cuda", dtype=torch.bfloat16):
         low, weights = scaled_dot_product_attention(q, k, v, mask)
     assert torch.isfinite(low).all() and torch.all(low[0] == 0)
-    assert torch.allclose(low.float(), exact, atol=0.1)
     assert torch.allclose(weights.float().sum(-1)[1:], torch.ones(3, 8, 64, device="cuda"), atol=1e-2)
+    if scale == 1:
+        assert torch.allclose(low.float(), exact, atol=0.05)
 
 
 def test_training_step_and_cached_decoding_on_cuda():
@@ -43,3 +50,27 @@ def test_training_step_and_cached_decoding_on_cuda():
     for t in range(tgt.size(1)):
         assert torch.allclose(cached.logits(out), uncached.logits(out), atol=1e-4), t
         out = torch.cat([out, tgt[:, t:t + 1]], dim=1)
+
+
+def test_dropout_on_cuda_drops_at_its_rate_and_keeps_the_expectation():
+    from lib.dropout import Dropout
+
+    x = torch.ones(1 << 20, device="cuda")
+    y = Dropout(0.2).train()(x)
+    assert abs((y == 0).float().mean().item() - 0.2) < 0.005
+    assert abs(y.mean().item() - 1.0) < 0.01
+
+
+def test_fused_output_layer_gpu_blocks_match_small_ones():
+    """The GPU's default block (8192 rows) against 256-row blocks: the same loss and gradients."""
+    hidden = torch.randn(20000, 64, device="cuda", requires_grad=True)
+    generator = torch.nn.Linear(64, 500).cuda()
+    target = torch.randint(0, 500, (20000,), device="cuda")
+    results = []
+    for rows in (None, 256):
+        loss, n = generator_nll(hidden, generator, target, 0, 0.1, rows=rows)
+        grads = torch.autograd.grad(loss, [hidden, generator.weight, generator.bias])
+        results.append((loss, n, grads))
+    (loss, n, grads), (small_loss, small_n, small_grads) = results
+    assert n == small_n and torch.allclose(loss, small_loss, rtol=1e-5)
+    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(grads, small_grads))

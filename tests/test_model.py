@@ -200,3 +200,28 @@ def test_bias_free_lm_is_causal_and_learns():
     changed = ids.clone()
     changed[:, 6] = (changed[:, 6] + 1) % 30
     assert torch.allclose(model(ids)[:, :6], model(changed)[:, :6], atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["seq2seq", "lm"])
+def test_training_flops_counts_the_matmuls_a_training_step_runs(kind):
+    """MFU's numerator against PyTorch's own FLOP counter, on a batch without padding (padding is not counted)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from lib.data import Batch
+    from lib.metrics import training_flops
+    from lib.training import lm_loss, seq2seq_loss
+    from tests.test_decoding import IDS
+
+    cfg, V, B, S, T = model_config(d_ff=48), 50, 3, 7, 5
+    tokens = lambda n: torch.randint(4, V, (B, n))  # noqa: E731
+    with FlopCounterMode(display=False) as counter:
+        if kind == "seq2seq":
+            model = Transformer(cfg, V, V, joint_vocab=True)
+            loss, _ = seq2seq_loss(model, Batch(tokens(S), tokens(T), tokens(T), B * T), IDS, 0.1)
+            expected = training_flops(cfg, V, [S] * B, [T] * B)
+        else:
+            model = TransformerLM(cfg, V)
+            loss = lm_loss(model, tokens(T), tokens(T))
+            expected = training_flops(cfg, V, [], [T] * B)
+        loss.backward()
+    assert counter.get_total_flops() == expected
