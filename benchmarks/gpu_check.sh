@@ -1,51 +1,143 @@
 #!/usr/bin/env bash
-# One GPU, under 5 minutes: the CUDA-marked tests, then multi30k trained for 3 minutes in bf16 at
-# d_model 512, printing tokens/s, model FLOPs utilisation and the validation loss reached.
-#   bash benchmarks/gpu_check.sh                 # from the repository root
+# One GPU, about 5 minutes: the CUDA-marked tests, the training step against torch.nn.Transformer
+# (train_throughput.py), then multi30k trained for a few minutes in bf16 at d_model 512. Ends with one
+# JSON line: tokens/s, model FLOPs utilisation (MFU) and the validation loss reached.
+#
+#   bash benchmarks/gpu_check.sh              # on the GPU machine, from the repository root
 #   PEAK_TFLOPS=989 MULTI30K=../shared/data/multi30k bash benchmarks/gpu_check.sh
-# PEAK_TFLOPS: the GPU's dense bf16 peak (H100/H200 SXM: 989). Uses the machine's CUDA build of torch
-# when it has one (requirements.txt pins the CPU wheel), installing the other requirements beside it.
+#
+# It runs on the machine's own python and its CUDA build of torch (requirements.txt pins the CPU
+# wheel); what else requirements.txt lists and the machine lacks goes into $WORK/site. A GPU machine
+# without internet takes a bundle made where pip reaches an index:
+#   bash benchmarks/gpu_check.sh bundle .gpu  # here: wheels (for PY_VERSION, default 3.12) + multi30k
+#   BUNDLE=.gpu bash benchmarks/gpu_check.sh  # there
+#
+# Settings (environment): PEAK_TFLOPS, the GPU's dense bf16 peak (H100/H200 SXM: 989); MULTI30K, the
+# raw task-1 files; MINUTES of training (2.5); MAX_TOKENS a batch (32768: a d_model 512 step is then
+# ~15 ms of matmuls at 30% of an H100's peak, long enough to hide the launches); D_MODEL (512);
+# WORK, a scratch directory (/tmp/gpu_check); DEVICE=cpu MINUTES=0.1 D_MODEL=64 MAX_TOKENS=2048 runs
+# the same steps on a CPU, a dry run of the script itself.
 set -euo pipefail
-PEAK_TFLOPS=${PEAK_TFLOPS:-989}
-MULTI30K=${MULTI30K:-../shared/data/multi30k}
-OUT=${OUT:-/tmp/gpu_check}
-VENV=${VENV:-.venv-gpu}
+PYTHON=${PYTHON:-python3}
+WORK=${WORK:-/tmp/gpu_check}
 
-python3 -m venv --system-site-packages "$VENV"
-. "$VENV/bin/activate"
-if ! python -c "import torch, sys; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
-  pip install -q torch==2.13.0 --index-url https://download.pytorch.org/whl/cu126
+# The requirements this check imports and the running python lacks (torch is the machine's own;
+# datasets is only for downloading from the hub).
+missing_requirements() {
+  "$PYTHON" - <<'PY'
+import importlib.util, re
+module = {"pyyaml": "yaml"}
+for line in open("requirements.txt"):
+    req = line.split("#")[0].strip()
+    name = re.split(r"[<>=!~ \[]", req)[0].lower()
+    if req and name not in ("torch", "datasets") and importlib.util.find_spec(module.get(name, name)) is None:
+        print(req)
+PY
+}
+
+if [ "${1:-}" = bundle ]; then
+  dir=${2:?usage: gpu_check.sh bundle DIR}
+  PY_VERSION=${PY_VERSION:-3.12}
+  MULTI30K=${MULTI30K:-../shared/data/multi30k}
+  mkdir -p "$dir/wheels" "$dir/multi30k"
+  cp "$MULTI30K"/* "$dir/multi30k/"
+  # dvc (dvclive's engine) needs hydra-core, which needs antlr4-python3-runtime: published as source
+  # only, and pure Python, so built into a wheel here; all else is downloaded as built wheels.
+  "$PYTHON" -m pip wheel -q --no-deps -w "$dir/wheels" "antlr4-python3-runtime==4.9.*"
+  platforms=()
+  for p in manylinux_2_28 manylinux_2_27 manylinux_2_17 manylinux2014 manylinux1; do
+    platforms+=(--platform "${p}_x86_64")
+  done
+  grep -E '^(dvc|dvclive)\b' requirements.txt | "$PYTHON" -m pip download -q --only-binary=:all: \
+    --python-version "$PY_VERSION" --implementation cp "${platforms[@]}" --find-links "$dir/wheels" \
+    -d "$dir/wheels" -r /dev/stdin
+  echo "bundle: $(ls "$dir/wheels" | wc -l) wheels ($(du -sh "$dir/wheels" | cut -f1)) and multi30k in $dir"
+  exit 0
 fi
-grep -v '^torch' requirements.txt | pip install -q -r /dev/stdin
-python -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
 
-python -m pytest -q -m cuda tests/
+PEAK_TFLOPS=${PEAK_TFLOPS:-989}
+MULTI30K=${MULTI30K:-${BUNDLE:+$BUNDLE/multi30k}}
+MULTI30K=${MULTI30K:-../shared/data/multi30k}
+MINUTES=${MINUTES:-2.5}
+MAX_TOKENS=${MAX_TOKENS:-32768}
+D_MODEL=${D_MODEL:-512}
+DEVICE=${DEVICE:-cuda}
+rm -rf "$WORK" && mkdir -p "$WORK"
 
-rm -rf "$OUT" && mkdir -p "$OUT"
-python - "$OUT/params.yaml" "$MULTI30K" "$PEAK_TFLOPS" <<'PY'
+missing=$(missing_requirements)
+if [ -n "$missing" ]; then
+  echo "installing into $WORK/site: $(echo $missing)"
+  wheels=${BUNDLE:+$BUNDLE/wheels}
+  if [ -z "$wheels" ]; then  # from the index: these requirements and all they need, as wheels
+    wheels=$WORK/wheels
+    echo "$missing" | "$PYTHON" -m pip wheel -q -w "$wheels" -r /dev/stdin
+  fi
+  # Only the distributions the running python lacks, so that its own (torch's above all) stay in force.
+  "$PYTHON" - "$wheels" >"$WORK/to_install" <<'PY'
+import importlib.metadata, re, sys
+from pathlib import Path
+norm = lambda name: re.sub(r"[-_.]+", "-", name).lower()  # noqa: E731
+have = {norm(d.metadata["Name"]) for d in importlib.metadata.distributions()}
+for wheel in sorted(Path(sys.argv[1]).glob("*.whl")):
+    if norm(wheel.name.split("-")[0]) not in have:
+        print(wheel)
+PY
+  xargs -r -a "$WORK/to_install" "$PYTHON" -m pip install -q --no-deps --no-index --no-compile --target "$WORK/site"
+  export PYTHONPATH="$WORK/site${PYTHONPATH:+:$PYTHONPATH}"
+  still=$(missing_requirements)
+  [ -z "$still" ] || { echo "gpu_check: still missing after the install: $still" >&2; exit 1; }
+fi
+"$PYTHON" -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA device')"
+
+tests=passed
+"$PYTHON" -m pytest -q -m cuda tests/ || tests=failed
+
+"$PYTHON" - "$WORK/params.yaml" "$MULTI30K" "$PEAK_TFLOPS" "$DEVICE" "$MINUTES" "$MAX_TOKENS" "$D_MODEL" <<'PY'
 import sys, yaml
-out, source, peak = sys.argv[1], sys.argv[2], float(sys.argv[3])
+out, source, peak, device, minutes, max_tokens, d_model = sys.argv[1:]
 params = yaml.safe_load(open("params.yaml"))
 params["tasks"] = ["multi30k"]
 m = params["multi30k"]
 m["prepare"]["source"] = source
-m["train"].update(device="cuda", precision="bf16", epochs=100, time_budget_minutes=3.0, patience=0,
-                  max_tokens=8192, peak_tflops=peak, checkpoint_every=1000)
-m["train"]["model"].update(d_model=512, n_heads=8, d_ff=2048)
+m["train"].update(device=device, precision="bf16", epochs=1000, time_budget_minutes=float(minutes), patience=0,
+                  max_tokens=int(max_tokens), peak_tflops=float(peak), checkpoint_every=100_000)
+m["train"]["model"].update(d_model=int(d_model), n_heads=8, d_ff=4 * int(d_model))
 yaml.safe_dump(params, open(out, "w"))
 PY
-python -m stages.prepare multi30k --out "$OUT/data" --params "$OUT/params.yaml"
-python -m stages.tokenize multi30k --data "$OUT/data" --out "$OUT/tokenizer" --params "$OUT/params.yaml"
-python -m stages.train multi30k --data "$OUT/data" --tokenizer "$OUT/tokenizer" --model "$OUT/model.pt" \
-  --checkpoints "$OUT/ckpt" --live "$OUT/live" --params "$OUT/params.yaml"
-python - "$OUT/live" <<'PY'
+"$PYTHON" -m stages.prepare multi30k --out "$WORK/data" --params "$WORK/params.yaml"
+"$PYTHON" -m stages.tokenize multi30k --data "$WORK/data" --out "$WORK/tokenizer" --params "$WORK/params.yaml"
+
+steps=10 rounds=2
+[ "$DEVICE" = cpu ] && steps=2 rounds=1
+PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" benchmarks/train_throughput.py --device "$DEVICE" \
+  --precision bf16 --d-model "$D_MODEL" --d-ff $((4 * D_MODEL)) --heads 8 --layers 3 --dropout 0.2 \
+  --activation-dropout 0 --max-tokens "$MAX_TOKENS" --steps $steps --rounds $rounds \
+  --data "$WORK/data" --tokenizer "$WORK/tokenizer" | tee "$WORK/throughput.json"
+
+# The progress bar goes to train.log with the rest; the log's own lines are shown.
+"$PYTHON" -m stages.train multi30k --data "$WORK/data" --tokenizer "$WORK/tokenizer" --model "$WORK/model.pt" \
+  --checkpoints "$WORK/ckpt" --live "$WORK/live" --params "$WORK/params.yaml" 2>"$WORK/train.log" \
+  || { tail -c 4000 "$WORK/train.log"; exit 1; }
+grep -a -o -E '(INFO|WARNING) .*' "$WORK/train.log" | cut -c1-200
+
+"$PYTHON" - "$WORK" "$tests" "$PEAK_TFLOPS" <<'PY' | tee "$WORK/summary.json"
 import json, sys
 import pandas as pd
-live = sys.argv[1]
-read = lambda name: pd.read_csv(f"{live}/plots/metrics/{name}.tsv", sep="\t").iloc[:, -1]
+import torch
+work, tests, peak = sys.argv[1], sys.argv[2], float(sys.argv[3])
+read = lambda name: pd.read_csv(f"{work}/live/plots/metrics/{name}.tsv", sep="\t").iloc[:, -1]  # noqa: E731
 tokens, mfu, valid = read("train/tokens_per_s"), read("train/mfu"), read("valid/loss")
 skip = min(20, len(tokens) // 5)  # warm-up steps
-print(json.dumps({"benchmark": "gpu_check", "tokens_per_s_median": round(tokens[skip:].median()),
-                  "mfu_median": round(mfu[skip:].median(), 3), "best_valid_loss": round(valid.min(), 4),
-                  "epochs": len(valid)}))
+bench = json.load(open(f"{work}/throughput.json"))
+print(json.dumps({
+    "benchmark": "gpu_check", "device": bench["device"], "torch": torch.__version__, "cuda_tests": tests,
+    "peak_tflops": peak,
+    "train": {"tokens_per_s_median": round(tokens[skip:].median()), "mfu_median": round(mfu[skip:].median(), 3),
+              "best_valid_loss": round(valid.min(), 4), "epochs": len(valid), "steps": len(tokens)},
+    "throughput": {"tokens_per_step": bench["tokens_per_step"], "tokens_per_s": bench["tokens_per_s"],
+                   "ratio_ours_over_torch": bench["ratio_ours_over_torch"],
+                   "matmul_peak_tflops": max(bench["matmul_peak_gflops"]) / 1000,
+                   "mfu_vs_measured_peak": bench["mfu"]},
+}))
 PY
+[ "$tests" = passed ]

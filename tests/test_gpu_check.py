@@ -1,0 +1,29 @@
+"""benchmarks/gpu_check.sh, run as a dry run on a CPU: a GPU machine is lent rarely and briefly, so the
+script that uses it must not first fail there on a renamed param or a moved file."""
+
+import json
+import os
+import subprocess
+import sys
+
+from tests.conftest import ROOT
+from tests.test_multi30k import write_corpus
+
+
+def test_gpu_check_runs_every_step_and_summarises(tmp_path):
+    work = tmp_path / "work"
+    env = {**os.environ, "PYTHON": sys.executable, "DEVICE": "cpu", "MINUTES": "0.01", "D_MODEL": "32",
+           "MAX_TOKENS": "256", "PEAK_TFLOPS": "0.001", "MULTI30K": str(write_corpus(tmp_path / "raw")),
+           "WORK": str(work)}
+    result = subprocess.run(["bash", "benchmarks/gpu_check.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "installing" not in result.stdout  # this environment lacks nothing
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary == json.loads((work / "summary.json").read_text())
+    assert summary["cuda_tests"] == "passed" and summary["device"] == "cpu"
+    train, throughput = summary["train"], summary["throughput"]
+    assert train["epochs"] >= 1 and train["steps"] >= 1 and train["tokens_per_s_median"] > 0
+    assert 0 < train["mfu_median"] and 0 < train["best_valid_loss"] < 20
+    assert throughput["tokens_per_s"]["ours"] > 0 and throughput["matmul_peak_tflops"] > 0
+    assert (work / "model.pt").is_file()
