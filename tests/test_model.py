@@ -225,3 +225,15 @@ def test_training_flops_counts_the_matmuls_a_training_step_runs(kind):
             expected = training_flops(cfg, V, [], [T] * B)
         loss.backward()
     assert counter.get_total_flops() == expected
+
+
+def test_the_forward_pass_reads_nothing_back_from_an_accelerator():
+    """On the meta device (shapes, no data) any read of a value back to Python raises: a forward
+    pass that runs there has no branch on tensor values, each of which would stall a GPU's host
+    thread until the device caught up. (A CPU takes such a branch in attention on purpose.)"""
+    V = 30
+    src, tgt = torch.randint(4, V, (6, 9), device="meta"), torch.randint(4, V, (6, 10), device="meta")
+    seq2seq = Transformer(model_config(dropout=0.1), V, V, joint_vocab=True).to("meta").train()
+    lm = TransformerLM(model_config(dropout=0.1), V).to("meta").train()
+    assert seq2seq(src, tgt, padding_mask(src, PAD), target_mask(tgt, PAD)).shape == (6, 10, V)
+    assert lm(tgt).shape == (6, 10, V)
