@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU, about 5 minutes: the CUDA-marked tests, the training step against torch.nn.Transformer
-# (train_throughput.py), then multi30k trained for a few minutes in bf16 at d_model 512. Ends with one
+# (train_throughput.py, at two batch sizes), then multi30k trained for a few minutes in bf16 at d_model 512. Ends with one
 # JSON line: tokens/s, model FLOPs utilisation (MFU) and the validation loss reached.
 #
 #   bash benchmarks/gpu_check.sh              # on the GPU machine, from the repository root
@@ -107,12 +107,16 @@ PY
 "$PYTHON" -m stages.prepare multi30k --out "$WORK/data" --params "$WORK/params.yaml"
 "$PYTHON" -m stages.tokenize multi30k --data "$WORK/data" --out "$WORK/tokenizer" --params "$WORK/params.yaml"
 
+# The step alone at a quarter and at twice the train stage's batch: how MFU moves with the batch
+# (launch-bound when it rises with it, bound by the kernels themselves when it does not).
 steps=10 rounds=2
 [ "$DEVICE" = cpu ] && steps=2 rounds=1
-PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" benchmarks/train_throughput.py --device "$DEVICE" \
-  --precision bf16 --d-model "$D_MODEL" --d-ff $((4 * D_MODEL)) --heads 8 --layers 3 --dropout 0.2 \
-  --activation-dropout 0 --max-tokens "$MAX_TOKENS" --steps $steps --rounds $rounds \
-  --data "$WORK/data" --tokenizer "$WORK/tokenizer" | tee "$WORK/throughput.json"
+for tokens in $((MAX_TOKENS / 4)) $((MAX_TOKENS * 2)); do
+  PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" benchmarks/train_throughput.py --device "$DEVICE" \
+    --precision bf16 --d-model "$D_MODEL" --d-ff $((4 * D_MODEL)) --heads 8 --layers 3 --dropout 0.2 \
+    --activation-dropout 0 --max-tokens "$tokens" --steps $steps --rounds $rounds \
+    --data "$WORK/data" --tokenizer "$WORK/tokenizer" | tee "$WORK/throughput-$tokens.json"
+done
 
 # The progress bar goes to train.log with the rest; the log's own lines are shown.
 "$PYTHON" -m stages.train multi30k --data "$WORK/data" --tokenizer "$WORK/tokenizer" --model "$WORK/model.pt" \
@@ -120,24 +124,26 @@ PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" benchmarks/train_throughput.
   || { tail -c 4000 "$WORK/train.log"; exit 1; }
 grep -a -o -E '(INFO|WARNING) .*' "$WORK/train.log" | cut -c1-200
 
-"$PYTHON" - "$WORK" "$tests" "$PEAK_TFLOPS" <<'PY' | tee "$WORK/summary.json"
+"$PYTHON" - "$WORK" "$tests" "$PEAK_TFLOPS" "$MAX_TOKENS" <<'PY' | tee "$WORK/summary.json"
 import json, sys
+from pathlib import Path
 import pandas as pd
 import torch
-work, tests, peak = sys.argv[1], sys.argv[2], float(sys.argv[3])
-read = lambda name: pd.read_csv(f"{work}/live/plots/metrics/{name}.tsv", sep="\t").iloc[:, -1]  # noqa: E731
+work, tests, peak, max_tokens = Path(sys.argv[1]), sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
+read = lambda name: pd.read_csv(work / f"live/plots/metrics/{name}.tsv", sep="\t").iloc[:, -1]  # noqa: E731
 tokens, mfu, valid = read("train/tokens_per_s"), read("train/mfu"), read("valid/loss")
 skip = min(20, len(tokens) // 5)  # warm-up steps
-bench = json.load(open(f"{work}/throughput.json"))
+benches = [json.loads(path.read_text()) for path in sorted(work.glob("throughput-*.json"))]
 print(json.dumps({
-    "benchmark": "gpu_check", "device": bench["device"], "torch": torch.__version__, "cuda_tests": tests,
+    "benchmark": "gpu_check", "device": benches[0]["device"], "torch": torch.__version__, "cuda_tests": tests,
     "peak_tflops": peak,
-    "train": {"tokens_per_s_median": round(tokens[skip:].median()), "mfu_median": round(mfu[skip:].median(), 3),
-              "best_valid_loss": round(valid.min(), 4), "epochs": len(valid), "steps": len(tokens)},
-    "throughput": {"tokens_per_step": bench["tokens_per_step"], "tokens_per_s": bench["tokens_per_s"],
-                   "ratio_ours_over_torch": bench["ratio_ours_over_torch"],
-                   "matmul_peak_tflops": max(bench["matmul_peak_gflops"]) / 1000,
-                   "mfu_vs_measured_peak": bench["mfu"]},
+    "train": {"max_tokens": max_tokens, "tokens_per_s_median": round(tokens[skip:].median()),
+              "mfu_median": round(mfu[skip:].median(), 3), "best_valid_loss": round(valid.min(), 4),
+              "epochs": len(valid), "steps": len(tokens)},
+    "throughput": [{"max_tokens": b["max_tokens"], "tokens_per_step": b["tokens_per_step"],
+                    "tokens_per_s": b["tokens_per_s"], "ratio_ours_over_torch": b["ratio_ours_over_torch"],
+                    "matmul_peak_tflops": max(b["matmul_peak_gflops"]) / 1000, "mfu_vs_measured_peak": b["mfu"]}
+                   for b in sorted(benches, key=lambda b: b["max_tokens"])],
 }))
 PY
 [ "$tests" = passed ]

@@ -198,7 +198,7 @@ def main():
         "precision": args.precision, "model": {k: getattr(cfg, k) for k in ("d_model", "n_heads", "encoder_layers",
                                                                             "decoder_layers", "d_ff", "dropout",
                                                                             "activation_dropout")},
-        "tokens_per_step": round(tokens / len(batches)),
+        "max_tokens": args.max_tokens, "tokens_per_step": round(tokens / len(batches)),
         "tokens_per_s": {name: round(r) for name, r in rate.items()},
         "ms_per_step": {name: round(s / (args.rounds * len(batches)) * 1000, 1) for name, s in seconds.items()},
         "ratio_ours_over_torch": round(rate["ours"] / rate["torch_nn_transformer"], 3),

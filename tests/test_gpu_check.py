@@ -25,5 +25,6 @@ def test_gpu_check_runs_every_step_and_summarises(tmp_path):
     train, throughput = summary["train"], summary["throughput"]
     assert train["epochs"] >= 1 and train["steps"] >= 1 and train["tokens_per_s_median"] > 0
     assert 0 < train["mfu_median"] and 0 < train["best_valid_loss"] < 20
-    assert throughput["tokens_per_s"]["ours"] > 0 and throughput["matmul_peak_tflops"] > 0
+    assert [b["max_tokens"] for b in throughput] == [64, 512]  # a quarter and twice MAX_TOKENS
+    assert all(b["tokens_per_s"]["ours"] > 0 and b["matmul_peak_tflops"] > 0 for b in throughput)
     assert (work / "model.pt").is_file()
