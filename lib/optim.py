@@ -107,18 +107,23 @@ def _generator_nll(hidden, weight, bias, target, pad_id: int, smoothing: float, 
         grads = (torch.empty(hidden.shape, dtype=acc, device=hidden.device),
                  torch.zeros(weight.shape, dtype=acc, device=weight.device),
                  None if bias is None else torch.zeros(bias.shape, dtype=acc, device=bias.device))
+    device = hidden.device.type
+    low = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
     for i in range(0, len(hidden), rows):
         h, t = hidden[i:i + rows], target[i:i + rows]  # (n, C), (n,)
-        z = F.linear(h, weight, bias).to(acc)  # (n, V); under autocast the product is bf16
-        # Shift each row by its max, then exponentiate in place: the block is never copied.
-        z.sub_(z.amax(dim=1, keepdim=True))
+        z = F.linear(h, weight, bias)  # (n, V); under autocast the product is bf16
+        # Shift each row by its max, then exponentiate in place. A bf16 product is widened to
+        # float32 by the subtraction itself (its max, taken in bf16, is exact): one pass, not two.
+        shift = z.amax(dim=1, keepdim=True)
+        z = z.sub_(shift) if z.dtype == acc else torch.sub(z, shift.to(acc))
         terms = _row_terms(z, t, pad_id)
         row_sum = z.exp_().sum(dim=1)  # z is now exp(z - max) (n, V)
         total += _smoothed_nll(*terms, row_sum.log(), t, pad_id, smoothing, z.size(-1)).sum()
         if with_grad:
             p = _softmax_minus_target_(z, t, pad_id, smoothing, (t != pad_id).to(acc), row_sum)
-            grads[0][i:i + rows] = p @ weight  # (n, C)
-            grads[1].add_(p.t() @ h)  # (V, C)
+            p_low = p if low is None else p.to(low)  # cast once for both products (autocast casts at each)
+            grads[0][i:i + rows] = p_low @ weight  # (n, C)
+            grads[1].add_(p_low.t() @ h)  # (V, C)
             if bias is not None:
                 grads[2].add_(p.sum(dim=0))
     return total, grads
