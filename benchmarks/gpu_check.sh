@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One GPU, about 5 minutes: the CUDA-marked tests, the training step against torch.nn.Transformer
-# (train_throughput.py, at two batch sizes), then multi30k trained for a few minutes in bf16 at d_model 512. Ends with one
-# JSON line: tokens/s, model FLOPs utilisation (MFU) and the validation loss reached.
+# (train_throughput.py, at two batch sizes), then multi30k trained for a few minutes in bf16 at
+# d_model 512. Ends with one JSON line: tokens/s, model FLOPs utilisation (MFU) and the validation
+# loss reached.
 #
 #   bash benchmarks/gpu_check.sh              # on the GPU machine, from the repository root
 #   PEAK_TFLOPS=989 MULTI30K=../shared/data/multi30k bash benchmarks/gpu_check.sh
@@ -87,7 +88,8 @@ PY
   still=$(missing_requirements)
   [ -z "$still" ] || { echo "gpu_check: still missing after the install: $still" >&2; exit 1; }
 fi
-"$PYTHON" -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA device')"
+"$PYTHON" -c "import torch; print('torch', torch.__version__,
+                torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA device')"
 
 tests=passed
 "$PYTHON" -m pytest -q -m cuda tests/ || tests=failed
