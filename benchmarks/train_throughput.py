@@ -38,7 +38,7 @@ from torch import nn
 
 from lib.config import ModelConfig
 from lib.data import Batch, collate, read_split, token_budget_batches
-from lib.metrics import training_flops
+from lib.metrics import clock, matmul_peak, product_rate, square_sizes, training_flops
 from lib.model import SinusoidalPositionalEncoding, Transformer
 from lib.tokenizer import SpecialIds, encode_pairs, load_tokenizers, special_ids
 from lib.training import keep_freed_memory, seq2seq_loss
@@ -78,36 +78,6 @@ def torch_loss(model, batch: Batch, ids: SpecialIds, smoothing: float):
     logits = model(batch.src, batch.tgt_in, ids.pad)
     return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), batch.tgt_out.reshape(-1),
                            ignore_index=ids.pad, label_smoothing=smoothing)
-
-
-def clock(device: torch.device) -> float:
-    """Seconds now, once the device has done the work queued on it (a GPU runs behind the Python code)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
-
-
-def product_rate(a: torch.Tensor, b: torch.Tensor, products: int = 1) -> float:
-    """FLOP/s of ``products`` back-to-back a @ b products."""
-    start = clock(a.device)
-    for _ in range(products):
-        a @ b
-    return products * 2 * a.size(0) * a.size(1) * b.size(1) / (clock(a.device) - start)
-
-
-def square_sizes(device: torch.device) -> tuple[int, int]:
-    """Matrix sizes that reach the device's matmul peak: a GPU needs larger ones to fill it."""
-    return (4096, 8192) if device.type == "cuda" else (1024, 2048)
-
-
-def matmul_peak(dtype: torch.dtype, device: torch.device, repeats: int = 5) -> float:
-    """The best FLOP/s of square matmuls on this machine, in the benchmark's precision."""
-    best = 0.0
-    for n in square_sizes(device):
-        a, b = torch.randn(n, n, dtype=dtype, device=device), torch.randn(n, n, dtype=dtype, device=device)
-        product_rate(a, b, products=3)  # warm-up
-        best = max([best] + [product_rate(a, b, products=4) for _ in range(repeats)])
-    return best
 
 
 def load_batches(max_tokens: int, n: int, data: Path, tok: Path) -> tuple[list[Batch], SpecialIds, int, str]:

@@ -21,7 +21,14 @@ class ConfigError(ValueError):
 
 
 def _check_type(value, kind, key: str):
-    """Return value as type kind, or raise ConfigError naming key."""
+    """Return value as type kind (or as the first type of a union that fits), or raise ConfigError naming key."""
+    if isinstance(kind, types.UnionType):
+        for member in kind.__args__:
+            try:
+                return _check_type(value, member, key)
+            except ConfigError:
+                pass
+        raise ConfigError(f"{key}: expected {' or '.join(m.__name__ for m in kind.__args__)}, got {value!r}")
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if kind in (int, float) and isinstance(value, bool) or not isinstance(value, kind):
@@ -85,6 +92,11 @@ def require(condition: bool, field: str, message: str):
 
 def choose(value: str, field: str, allowed: tuple[str, ...]):
     require(value in allowed, field, f"{value!r} is not one of {', '.join(allowed)}")
+
+
+def check_peak(peak_tflops: float | str):
+    require(peak_tflops == "measure" or isinstance(peak_tflops, float) and peak_tflops >= 0, "peak_tflops",
+            f"{peak_tflops!r} is neither a number >= 0 nor 'measure'")
 
 
 # bf16 pays off where the CPU multiplies bfloat16 natively (AMX, AVX512-BF16) and on GPUs.
@@ -163,7 +175,8 @@ class TrainConfig:
     patience: int = 0  # stop after this many epochs without a better validation loss; 0 = never
     average_last: int = 1  # model.pt: the average of the last k epochs' weights, when it validates better
     too_long: str = "fail"  # a pair longer than model.max_len: fail (naming the key) or skip (counted in the log)
-    peak_tflops: float = 0.0  # the hardware's peak, to log model FLOPs utilisation (train/mfu); 0 = don't
+    peak_tflops: float | str = 0.0  # the hardware's peak TFLOP/s, for model FLOPs utilisation (train/mfu):
+    # a datasheet figure, "measure" (square matmuls in train.precision, timed when training starts), or 0: none
 
     def __post_init__(self):
         choose(self.device, "device", ("auto", "cpu", "cuda"))
@@ -173,7 +186,7 @@ class TrainConfig:
             require(getattr(self, name) > 0, name, "must be > 0")
         require(self.time_budget_minutes >= 0, "time_budget_minutes", "must be >= 0")
         require(self.patience >= 0, "patience", "must be >= 0")
-        require(self.peak_tflops >= 0, "peak_tflops", "must be >= 0")
+        check_peak(self.peak_tflops)
         require(self.lr_factor > 0, "lr_factor", "must be > 0")
         require(self.clip_norm > 0, "clip_norm", "must be > 0")
         require(0.0 <= self.label_smoothing < 1.0, "label_smoothing", "must be in [0, 1)")
@@ -198,7 +211,8 @@ class LMTrainConfig:
     checkpoint_every: int  # steps between resumable checkpoints
     model: ModelConfig
     precision: str = "fp32"  # fp32, or bf16 (autocast: matmuls in bfloat16, weights and loss in float32)
-    peak_tflops: float = 0.0  # the hardware's peak, to log model FLOPs utilisation (train/mfu); 0 = don't
+    peak_tflops: float | str = 0.0  # the hardware's peak TFLOP/s, for model FLOPs utilisation (train/mfu):
+    # a datasheet figure, "measure" (square matmuls in train.precision, timed when training starts), or 0: none
 
     def __post_init__(self):
         choose(self.device, "device", ("auto", "cpu", "cuda"))
@@ -211,7 +225,7 @@ class LMTrainConfig:
         require(0 <= self.min_lr <= self.lr, "min_lr", "must be in [0, lr]")
         require(self.weight_decay >= 0, "weight_decay", "must be >= 0")
         require(0 < self.beta2 < 1, "beta2", "must be in (0, 1)")
-        require(self.peak_tflops >= 0, "peak_tflops", "must be >= 0")
+        check_peak(self.peak_tflops)
         require(self.clip_norm > 0, "clip_norm", "must be > 0")
         require(self.block_size <= self.model.max_len, "block_size", f"exceeds model.max_len {self.model.max_len}")
 

@@ -1,6 +1,9 @@
-"""Scores shared by tasks."""
+"""Scores shared by tasks, and the hardware figures that model FLOPs utilisation is measured against."""
 
 import math
+import time
+
+import torch
 
 
 def perplexity(mean_nll: float) -> float:
@@ -36,3 +39,33 @@ def speed(tokens: int, flops: float, seconds: float, peak_tflops: float) -> dict
     if peak_tflops > 0:
         rates["train/mfu"] = flops / seconds / (peak_tflops * 1e12)
     return rates
+
+
+def clock(device: torch.device) -> float:
+    """Seconds now, once the device has done the work queued on it (a GPU runs behind the Python code)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def product_rate(a: torch.Tensor, b: torch.Tensor, products: int = 1) -> float:
+    """FLOP/s of ``products`` back-to-back a @ b products."""
+    start = clock(a.device)
+    for _ in range(products):
+        a @ b
+    return products * 2 * a.size(0) * a.size(1) * b.size(1) / (clock(a.device) - start)
+
+
+def square_sizes(device: torch.device) -> tuple[int, int]:
+    """Matrix sizes that reach the device's matmul peak: a GPU needs larger ones to fill it."""
+    return (4096, 8192) if device.type == "cuda" else (1024, 2048)
+
+
+def matmul_peak(dtype: torch.dtype, device: torch.device, repeats: int = 5) -> float:
+    """The best FLOP/s of square matmuls on this machine, in the given precision."""
+    best = 0.0
+    for n in square_sizes(device):
+        a, b = torch.randn(n, n, dtype=dtype, device=device), torch.randn(n, n, dtype=dtype, device=device)
+        product_rate(a, b, products=3)  # warm-up
+        best = max([best] + [product_rate(a, b, products=4) for _ in range(repeats)])
+    return best

@@ -30,13 +30,16 @@ from lib import checkpoint, distributed
 from lib.config import ConfigError, LMTrainConfig, TrainConfig, flatten
 from lib.data import Pairs, collate, read_split, read_text, token_budget_batches
 from lib.masks import padding_mask, target_mask
-from lib.metrics import perplexity, speed, training_flops
+from lib.metrics import matmul_peak, perplexity, speed, training_flops
 from lib.model import build_model
 from lib.optim import cosine_lr, generator_nll, noam_lr, weight_decay_groups
 from lib.tasks import get_task
 from lib.tokenizer import SpecialIds, encode_pairs, encode_text, load_tokenizers, special_ids
 
 log = logging.getLogger(__name__)
+
+# Params that change what is logged or when it is saved, never the weights: changing them continues a run.
+OBSERVING_KEYS = ("peak_tflops", "checkpoint_every")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -89,16 +92,27 @@ class DivergedError(ValueError):
     """The loss became NaN or infinite; the message names the step and the likely cause."""
 
 
+def peak_tflops(cfg: TrainConfig | LMTrainConfig, device: torch.device) -> float:
+    """train.peak_tflops as a number: as given, or measured now when it is "measure"."""
+    if cfg.peak_tflops != "measure":
+        return cfg.peak_tflops
+    dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float32
+    peak = matmul_peak(dtype, device, repeats=3) / 1e12
+    log.info("train.peak_tflops: measured %.3f TFLOP/s (square %s matmuls on %s)", peak, cfg.precision, device)
+    return peak
+
+
 class Session:
     """What both loops share: the model, its optimizer, resumable state, the logger.
 
     ``state`` holds plain counters (step, best validation loss, and whatever
     the loop adds); ``generators`` the torch generators whose state a resume
     must restore. A checkpoint is resumed only when it shares this run's
-    identity: every param but the length of training, and a fingerprint of
-    the data, the tokenizer and this library's code, so that a run after any
-    change that DVC reruns training for starts afresh instead of resuming a
-    stale model. Raising the length (epochs, max_iters) continues training.
+    identity: every param but the length of training, the stop rules and
+    ``OBSERVING_KEYS``, and a fingerprint of the data, the tokenizer and this
+    library's code, so that a run after any change that DVC reruns training
+    for starts afresh instead of resuming a stale model. Raising the length
+    (epochs, max_iters) continues training.
     """
 
     def __init__(self, task, cfg, length: tuple[str, str], data_dir, tokenizer_dir, checkpoint_dir, live_dir,
@@ -125,10 +139,12 @@ class Session:
         self.generators = generators
         self.checkpoint_dir = Path(checkpoint_dir)
         self.last_path, self.best_path = self.checkpoint_dir / "last.pt", self.checkpoint_dir / "best.pt"
-        config = {k: v for k, v in asdict(cfg).items() if k != length_key and k not in stop_keys}
+        config = {k: v for k, v in asdict(cfg).items()
+                  if k != length_key and k not in stop_keys and k not in OBSERVING_KEYS}
         code = sorted(Path(__file__).parent.rglob("*.py"))
         self.identity = {"config": config, "inputs": fingerprint([Path(data_dir), Path(tokenizer_dir), *code])}
         self.precision = cfg.precision
+        self.peak_tflops = peak_tflops(cfg, self.device)
         self.live_dir = live_dir
         self.resumed = self._resume(getattr(cfg, length_key), live_dir)
         self.live = None
@@ -354,7 +370,7 @@ def train_seq2seq(task, cfg: TrainConfig, data_dir, tokenizer_dir, model_path, c
             seconds = time.perf_counter() - step_started
             flops = training_flops(cfg.model, run.vocab["tgt_vocab_size"], src_lengths, tgt_lengths)
             run.log(**{"train/loss": global_loss, "train/lr": lr, "train/grad_norm": grad_norm,
-                       **speed(n_tokens + sum(src_lengths), flops, seconds, cfg.peak_tflops)})
+                       **speed(n_tokens + sum(src_lengths), flops, seconds, run.peak_tflops)})
             progress.set_postfix(loss=f"{global_loss:.3f}", lr=f"{lr:.2e}")
             state["batches_done"] += 1
             if state["step"] % cfg.checkpoint_every == 0:
@@ -480,7 +496,7 @@ def train_lm(task, cfg: LMTrainConfig, data_dir, tokenizer_dir, model_path, chec
 
         grad_norm = grad_norm.item()  # waits for the step's last kernel: on a GPU the clock runs ahead of it
         run.log(**{"train/loss": global_loss, "train/lr": lr, "train/grad_norm": grad_norm,
-                   **speed(tokens, flops, time.perf_counter() - step_started, cfg.peak_tflops)})
+                   **speed(tokens, flops, time.perf_counter() - step_started, run.peak_tflops)})
         progress.set_postfix(loss=f"{global_loss:.3f}", lr=f"{lr:.2e}")
         if step % cfg.eval_every == 0 or step == cfg.max_iters:
             train_loss = estimate_loss(model, eval_sets["train"], device)

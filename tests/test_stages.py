@@ -103,17 +103,20 @@ def test_index_links_each_report_with_its_headline(built):
 
 
 def test_raising_epochs_resumes_to_the_same_model(tmp_path, built, tiny_params):
-    """Train 1 epoch, raise epochs to 2 and re-run: equal to 2 epochs straight."""
+    """Train 1 epoch, raise epochs to 2 and re-run: equal to 2 epochs straight. Params that only
+    observe the run (the MFU's peak, how often it is saved) may change on the way."""
     train = tiny_params["cumsum"]["train"]
     paths = lambda d: (built["data"], built["tokenizer"], d / "model.pt", d / "ckpt", d / "live")  # noqa: E731
     train["epochs"] = 1
     training.run("cumsum", stage_config(tiny_params, "cumsum", "train"), *paths(tmp_path))
-    train["epochs"] = 2
+    train.update(epochs=2, peak_tflops="measure", checkpoint_every=train["checkpoint_every"] + 1)
     summary = training.run("cumsum", stage_config(tiny_params, "cumsum", "train"), *paths(tmp_path))
     assert summary["resumed"]
     resumed = checkpoint.load(tmp_path / "ckpt" / "last.pt")["model"]
     straight = checkpoint.load(built["checkpoints"] / "last.pt")["model"]
     assert all(torch.equal(resumed[k], straight[k]) for k in straight)
+    mfu = pd.read_csv(tmp_path / "live" / "plots" / "metrics" / "train" / "mfu.tsv", sep="\t")["mfu"]
+    assert len(mfu) == summary["step"] // 2 and (mfu > 0).all() and (mfu < 1).all()  # the second epoch's steps
 
 
 def test_changed_params_start_afresh(tmp_path, built, tiny_params):
