@@ -38,7 +38,7 @@ from torch import nn
 
 from lib.config import ModelConfig
 from lib.data import Batch, collate, read_split, token_budget_batches
-from lib.metrics import clock, matmul_peak, product_rate, square_sizes, training_flops
+from lib.metrics import PRECISION_DTYPES, clock, matmul_peak, product_rate, square_sizes, training_flops
 from lib.model import SinusoidalPositionalEncoding, Transformer
 from lib.tokenizer import SpecialIds, encode_pairs, load_tokenizers, special_ids
 from lib.training import keep_freed_memory, seq2seq_loss
@@ -132,7 +132,7 @@ def main():
                    for b in batches]
     flops = sum(batch_flops)
     batches = [b.to(device) for b in batches]
-    dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
+    dtype = PRECISION_DTYPES[args.precision]
     n = square_sizes(device)[-1]
     square = torch.randn(n, n, dtype=dtype, device=device), torch.randn(n, n, dtype=dtype, device=device)
     rounds, peaks, paired = {name: [] for name in models}, [], {name: [] for name in models}

@@ -61,6 +61,10 @@ def square_sizes(device: torch.device) -> tuple[int, int]:
     return (4096, 8192) if device.type == "cuda" else (1024, 2048)
 
 
+# train.precision's matmul dtype (config.PRECISIONS): what a peak is measured in.
+PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
 def matmul_peak(dtype: torch.dtype, device: torch.device, repeats: int = 5) -> float:
     """The best FLOP/s of square matmuls on this machine, in the given precision."""
     best = 0.0

@@ -30,7 +30,7 @@ from lib import checkpoint, distributed
 from lib.config import ConfigError, LMTrainConfig, TrainConfig, flatten
 from lib.data import Pairs, collate, read_split, read_text, token_budget_batches
 from lib.masks import padding_mask, target_mask
-from lib.metrics import matmul_peak, perplexity, speed, training_flops
+from lib.metrics import PRECISION_DTYPES, matmul_peak, perplexity, speed, training_flops
 from lib.model import build_model
 from lib.optim import cosine_lr, generator_nll, noam_lr, weight_decay_groups
 from lib.tasks import get_task
@@ -96,8 +96,7 @@ def peak_tflops(cfg: TrainConfig | LMTrainConfig, device: torch.device) -> float
     """train.peak_tflops as a number: as given, or measured now when it is "measure"."""
     if cfg.peak_tflops != "measure":
         return cfg.peak_tflops
-    dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float32
-    peak = matmul_peak(dtype, device, repeats=3) / 1e12
+    peak = matmul_peak(PRECISION_DTYPES[cfg.precision], device, repeats=3) / 1e12
     log.info("train.peak_tflops: measured %.3f TFLOP/s (square %s matmuls on %s)", peak, cfg.precision, device)
     return peak
 

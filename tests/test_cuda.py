@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from lib.attention import scaled_dot_product_attention
-from lib.masks import padding_mask, target_mask
+from lib.masks import padding_mask
 from lib.model import Transformer
 from lib.optim import generator_nll
 from tests.conftest import model_config
@@ -80,17 +80,13 @@ def test_the_forward_pass_never_waits_for_the_gpu():
     """No host-device synchronisation inside the model: each one stalls the Python thread that
     queues the kernels until the GPU has drained its queue (e.g. a `bool(tensor)` branch).
     The backward pass is left out: PyTorch's own embedding backward synchronises on CUDA."""
-    from lib.model import TransformerLM
+    from tests.test_model import both_forward_passes
 
-    src = sources().cuda()
-    tgt = torch.randint(4, V, (src.size(0), 10), device="cuda")
-    seq2seq = Transformer(model_config(dropout=0.1), V, V, joint_vocab=True).cuda().train()
-    lm = TransformerLM(model_config(dropout=0.1), V).cuda().train()
+    forward = both_forward_passes("cuda")  # building and copying to the GPU may sync; the passes may not
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            seq2seq(src, tgt, padding_mask(src, IDS.pad), target_mask(tgt, IDS.pad))
-            lm(tgt)
+            forward()
     finally:
         torch.cuda.set_sync_debug_mode("default")

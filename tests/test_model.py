@@ -227,13 +227,24 @@ def test_training_flops_counts_the_matmuls_a_training_step_runs(kind):
     assert counter.get_total_flops() == expected
 
 
+def both_forward_passes(device: str):
+    """A seq2seq model (on padded sources) and an LM, in training mode on ``device``, with their inputs:
+    returns a function that runs both forward passes and gives their logits, (6, 10, V) each.
+    Shared by the meta-device test here and the CUDA sync test, which checks only the call."""
+    from tests.test_decoding import IDS, V, sources
+
+    src, tgt = sources().to(device), torch.randint(4, V, (6, 10), device=device)
+    seq2seq = Transformer(model_config(dropout=0.1), V, V, joint_vocab=True).to(device).train()
+    lm = TransformerLM(model_config(dropout=0.1), V).to(device).train()
+    return lambda: (seq2seq(src, tgt, padding_mask(src, IDS.pad), target_mask(tgt, IDS.pad)), lm(tgt))
+
+
 def test_the_forward_pass_reads_nothing_back_from_an_accelerator():
     """On the meta device (shapes, no data) any read of a value back to Python raises: a forward
     pass that runs there has no branch on tensor values, each of which would stall a GPU's host
     thread until the device caught up. (A CPU takes such a branch in attention on purpose.)"""
-    V = 30
-    src, tgt = torch.randint(4, V, (6, 9), device="meta"), torch.randint(4, V, (6, 10), device="meta")
-    seq2seq = Transformer(model_config(dropout=0.1), V, V, joint_vocab=True).to("meta").train()
-    lm = TransformerLM(model_config(dropout=0.1), V).to("meta").train()
-    assert seq2seq(src, tgt, padding_mask(src, PAD), target_mask(tgt, PAD)).shape == (6, 10, V)
-    assert lm(tgt).shape == (6, 10, V)
+    from tests.test_decoding import V
+
+    seq2seq_logits, lm_logits = both_forward_passes("meta")()
+    assert seq2seq_logits.shape == (6, 10, V)
+    assert lm_logits.shape == (6, 10, V)
