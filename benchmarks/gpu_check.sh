@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# One GPU, about 5 minutes: the CUDA-marked tests, the training step against torch.nn.Transformer
-# (train_throughput.py, at two batch sizes), then multi30k trained for a few minutes in bf16 at
-# d_model 512. Ends with one JSON line: tokens/s, model FLOPs utilisation (MFU) and the validation
-# loss reached.
+# One GPU, about 5 minutes: the CUDA-marked tests, the eager training step against torch.nn.Transformer
+# (train_throughput.py, at three batch sizes), then multi30k trained for a few minutes in bf16 at
+# d_model 512, compiled (train.compile; eager again if compiling fails). Ends with one JSON line:
+# tokens/s, model FLOPs utilisation (MFU) and the validation loss reached.
 #
 #   bash benchmarks/gpu_check.sh              # on the GPU machine, from the repository root
 #   PEAK_TFLOPS=989 MULTI30K=../shared/data/multi30k bash benchmarks/gpu_check.sh
@@ -16,8 +16,9 @@
 # Settings (environment): PEAK_TFLOPS, the GPU's dense bf16 peak (H100/H200 SXM: 989); MULTI30K, the
 # raw task-1 files; MINUTES of training (2.5); MAX_TOKENS a batch (32768: a d_model 512 step is then
 # ~15 ms of matmuls at 30% of an H100's peak, long enough to hide the launches); D_MODEL (512);
-# WORK, a scratch directory (/tmp/gpu_check); DEVICE=cpu MINUTES=0.1 D_MODEL=64 MAX_TOKENS=2048 runs
-# the same steps on a CPU, a dry run of the script itself.
+# WORK, a scratch directory (/tmp/gpu_check); COMPILE=0 trains eager (compiling counts in MINUTES);
+# DEVICE=cpu MINUTES=0.1 D_MODEL=64 MAX_TOKENS=2048 runs the same steps on a CPU, a dry run of the
+# script itself.
 set -euo pipefail
 PYTHON=${PYTHON:-python3}
 WORK=${WORK:-/tmp/gpu_check}
@@ -63,6 +64,7 @@ MINUTES=${MINUTES:-2.5}
 MAX_TOKENS=${MAX_TOKENS:-32768}
 D_MODEL=${D_MODEL:-512}
 DEVICE=${DEVICE:-cuda}
+COMPILE=${COMPILE:-1}
 rm -rf "$WORK" && mkdir -p "$WORK"
 
 missing=$(missing_requirements)
@@ -94,26 +96,30 @@ fi
 tests=passed
 "$PYTHON" -m pytest -q -m cuda tests/ || tests=failed
 
-"$PYTHON" - "$WORK/params.yaml" "$MULTI30K" "$PEAK_TFLOPS" "$DEVICE" "$MINUTES" "$MAX_TOKENS" "$D_MODEL" <<'PY'
+write_params() {  # $1: 1 to compile the model
+  "$PYTHON" - "$WORK/params.yaml" "$MULTI30K" "$PEAK_TFLOPS" "$DEVICE" "$MINUTES" "$MAX_TOKENS" "$D_MODEL" "$1" <<'PY'
 import sys, yaml
-out, source, peak, device, minutes, max_tokens, d_model = sys.argv[1:]
+out, source, peak, device, minutes, max_tokens, d_model, compile_ = sys.argv[1:]
 params = yaml.safe_load(open("params.yaml"))
 params["tasks"] = ["multi30k"]
 m = params["multi30k"]
 m["prepare"]["source"] = source
 m["train"].update(device=device, precision="bf16", epochs=1000, time_budget_minutes=float(minutes), patience=0,
-                  max_tokens=int(max_tokens), peak_tflops=float(peak), checkpoint_every=100_000)
+                  max_tokens=int(max_tokens), peak_tflops=float(peak), checkpoint_every=100_000,
+                  compile=compile_ == "1")
 m["train"]["model"].update(d_model=int(d_model), n_heads=8, d_ff=4 * int(d_model))
 yaml.safe_dump(params, open(out, "w"))
 PY
+}
+write_params "$COMPILE"
 "$PYTHON" -m stages.prepare multi30k --out "$WORK/data" --params "$WORK/params.yaml"
 "$PYTHON" -m stages.tokenize multi30k --data "$WORK/data" --out "$WORK/tokenizer" --params "$WORK/params.yaml"
 
-# The step alone at a quarter and at twice the train stage's batch: how MFU moves with the batch
-# (launch-bound when it rises with it, bound by the kernels themselves when it does not).
+# The eager step alone at a quarter of, at and at twice the train stage's batch: how MFU moves with
+# the batch (launch-bound when it rises with it, bound by the kernels themselves when it does not).
 steps=10 rounds=2
 [ "$DEVICE" = cpu ] && steps=2 rounds=1
-for tokens in $((MAX_TOKENS / 4)) $((MAX_TOKENS * 2)); do
+for tokens in $((MAX_TOKENS / 4)) $MAX_TOKENS $((MAX_TOKENS * 2)); do
   PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" benchmarks/train_throughput.py --device "$DEVICE" \
     --precision bf16 --d-model "$D_MODEL" --d-ff $((4 * D_MODEL)) --heads 8 --layers 3 --dropout 0.2 \
     --activation-dropout 0 --max-tokens "$tokens" --steps $steps --rounds $rounds \
@@ -121,17 +127,29 @@ for tokens in $((MAX_TOKENS / 4)) $((MAX_TOKENS * 2)); do
 done
 
 # The progress bar goes to train.log with the rest; the log's own lines are shown.
-"$PYTHON" -m stages.train multi30k --data "$WORK/data" --tokenizer "$WORK/tokenizer" --model "$WORK/model.pt" \
-  --checkpoints "$WORK/ckpt" --live "$WORK/live" --params "$WORK/params.yaml" 2>"$WORK/train.log" \
-  || { tail -c 4000 "$WORK/train.log"; exit 1; }
+train() {
+  "$PYTHON" -m stages.train multi30k --data "$WORK/data" --tokenizer "$WORK/tokenizer" --model "$WORK/model.pt" \
+    --checkpoints "$WORK/ckpt" --live "$WORK/live" --params "$WORK/params.yaml" 2>"$WORK/train.log"
+}
+compiled=$COMPILE
+if ! train; then
+  tail -c 4000 "$WORK/train.log"
+  [ "$COMPILE" = 1 ] || exit 1
+  echo "gpu_check: compiled training failed (above); training eager instead" >&2
+  mv "$WORK/train.log" "$WORK/train-compiled.log"
+  compiled=failed
+  write_params 0
+  train || { tail -c 4000 "$WORK/train.log"; exit 1; }
+fi
 grep -a -o -E '(INFO|WARNING) .*' "$WORK/train.log" | cut -c1-200
 
-"$PYTHON" - "$WORK" "$tests" "$PEAK_TFLOPS" "$MAX_TOKENS" <<'PY' | tee "$WORK/summary.json"
+"$PYTHON" - "$WORK" "$tests" "$PEAK_TFLOPS" "$MAX_TOKENS" "$compiled" <<'PY' | tee "$WORK/summary.json"
 import json, sys
 from pathlib import Path
 import pandas as pd
 import torch
 work, tests, peak, max_tokens = Path(sys.argv[1]), sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
+compiled = {"1": True, "0": False}.get(sys.argv[5], sys.argv[5])  # or "failed" (then trained eager)
 read = lambda name: pd.read_csv(work / f"live/plots/metrics/{name}.tsv", sep="\t").iloc[:, -1]  # noqa: E731
 tokens, mfu, valid = read("train/tokens_per_s"), read("train/mfu"), read("valid/loss")
 skip = min(20, len(tokens) // 5)  # warm-up steps
@@ -139,7 +157,8 @@ benches = [json.loads(path.read_text()) for path in sorted(work.glob("throughput
 print(json.dumps({
     "benchmark": "gpu_check", "device": benches[0]["device"], "torch": torch.__version__, "cuda_tests": tests,
     "peak_tflops": peak,
-    "train": {"max_tokens": max_tokens, "tokens_per_s_median": round(tokens[skip:].median()),
+    "train": {"max_tokens": max_tokens, "compile": compiled,
+              "tokens_per_s_median": round(tokens[skip:].median()),
               "mfu_median": round(mfu[skip:].median(), 3), "best_valid_loss": round(valid.min(), 4),
               "epochs": len(valid), "steps": len(tokens)},
     "throughput": [{"max_tokens": b["max_tokens"], "tokens_per_step": b["tokens_per_step"],

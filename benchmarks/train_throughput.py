@@ -10,7 +10,7 @@ loss. They are timed alternately, round after round, in one process, so that
 a noisy machine slows both alike.
 Run from the repository root with the venv active:
     PYTHONPATH=. python benchmarks/train_throughput.py [--precision fp32|bf16] [--rounds 4] [--steps 10]
-        [--device cpu|cuda] [--data DIR --tokenizer DIR]
+        [--device cpu|cuda] [--compile] [--data DIR --tokenizer DIR]
 Prints one JSON object; tokens are the non-pad source plus target tokens.
 MFU: the model's matmul FLOPs per second (lib.metrics.training_flops, on the
 real lengths) over this machine's measured matmul peak in the same precision
@@ -111,6 +111,9 @@ def main():
     parser.add_argument("--steps", type=int, default=10, help="batches per model per round")
     parser.add_argument("--rounds", type=int, default=4, help="timed rounds, after one warm-up round")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--compile", action="store_true",
+                        help="torch.compile both models' forward passes, as train.compile does (the warm-up "
+                             "round compiles them)")
     parser.add_argument("--data", type=Path, default=ROOT / "data" / "multi30k", help="the prepared multi30k data")
     parser.add_argument("--tokenizer", type=Path, default=ROOT / "models" / "multi30k" / "tokenizer")
     args = parser.parse_args()
@@ -125,6 +128,8 @@ def main():
     batches, ids, V, source = load_batches(args.max_tokens, args.steps, args.data, args.tokenizer)
     models = {"ours": (Transformer(cfg, V, V, joint_vocab=True).to(device), ours_loss),
               "torch_nn_transformer": (TorchReference(cfg, V).to(device), torch_loss)}
+    if args.compile:  # as the train stage does: one graph for the batches' varying shapes
+        models = {name: (torch.compile(m, dynamic=True), loss) for name, (m, loss) in models.items()}
     optimizers = {name: torch.optim.Adam(m.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
                   for name, (m, _) in models.items()}
     tokens = sum(b.n_tokens + int((b.src != ids.pad).sum()) for b in batches)
@@ -165,7 +170,7 @@ def main():
         "benchmark": "train_throughput", "date": date.today().isoformat(), "machine": platform.processor() or
         platform.machine(), "threads": torch.get_num_threads(), "torch": torch.__version__, "batches": source,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "precision": args.precision, "model": {k: getattr(cfg, k) for k in ("d_model", "n_heads", "encoder_layers",
+        "precision": args.precision, "compile": args.compile, "model": {k: getattr(cfg, k) for k in ("d_model", "n_heads", "encoder_layers",
                                                                             "decoder_layers", "d_ff", "dropout",
                                                                             "activation_dropout")},
         "max_tokens": args.max_tokens, "tokens_per_step": round(tokens / len(batches)),

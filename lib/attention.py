@@ -55,8 +55,9 @@ def scaled_dot_product_attention(
         no_key = ~mask.any(dim=-1, keepdim=True)  # (B or 1, 1, Tq or 1, 1): cheap, mask is small
         # A CPU skips the pass when no row is fully masked (the usual case). On a GPU the
         # question alone would stall the host until the device caught up, twelve times a
-        # step in a 3 + 3 layer model: the pass is the cheaper of the two there.
-        if weights.device.type != "cpu" or no_key.any():
+        # step in a 3 + 3 layer model: the pass is the cheaper of the two there. A compiled
+        # model (train.compile) makes the pass too: a branch on data would split its graph.
+        if weights.device.type != "cpu" or torch.compiler.is_compiling() or no_key.any():
             weights = weights.masked_fill(no_key, 0.0)
     attended = weights if dropout is None else dropout(weights)
     out = torch.bmm(attended.reshape(B * H, Tq, -1), v.reshape(B * H, -1, D))  # (B*H, Tq, D)

@@ -177,6 +177,8 @@ class TrainConfig:
     too_long: str = "fail"  # a pair longer than model.max_len: fail (naming the key) or skip (counted in the log)
     peak_tflops: float | str = 0.0  # the hardware's peak TFLOP/s, for model FLOPs utilisation (train/mfu):
     # a datasheet figure, "measure" (square matmuls in train.precision, timed when training starts), or 0: none
+    compile: bool = False  # torch.compile the training forward pass: fused element-wise kernels on a GPU
+    # (a minute or two of compiling when training starts); on a CPU it is slower than eager
 
     def __post_init__(self):
         choose(self.device, "device", ("auto", "cpu", "cuda"))
@@ -213,6 +215,8 @@ class LMTrainConfig:
     precision: str = "fp32"  # fp32, or bf16 (autocast: matmuls in bfloat16, weights and loss in float32)
     peak_tflops: float | str = 0.0  # the hardware's peak TFLOP/s, for model FLOPs utilisation (train/mfu):
     # a datasheet figure, "measure" (square matmuls in train.precision, timed when training starts), or 0: none
+    compile: bool = False  # torch.compile the training forward pass: fused element-wise kernels on a GPU
+    # (a minute or two of compiling when training starts); on a CPU it is slower than eager
 
     def __post_init__(self):
         choose(self.device, "device", ("auto", "cpu", "cuda"))

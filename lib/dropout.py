@@ -7,7 +7,9 @@ elements: each byte is kept when it is at least ``round(p * 256)``, so the
 drop rate is p rounded to a multiple of 1/256 (0.1 -> 26/256 ~ 0.102), and the
 kept values are scaled by 1 / (1 - that rate), keeping the expectation exact.
 On a GPU, PyTorch's own dropout is a single fused kernel, the cheapest there
-is, and is used instead (with p itself).
+is, and is used instead (with p itself); so it is under ``torch.compile``
+(``train.compile``), which traces torch's dropout into its fused kernels and
+cannot trace the in-place draw.
 """
 
 import torch
@@ -25,7 +27,7 @@ class Dropout(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.threshold == 0:
             return x
-        if x.device.type != "cpu":
+        if x.device.type != "cpu" or torch.compiler.is_compiling():
             return F.dropout(x, self.p, training=True)
         n = x.numel()
         # The full 64-bit range is the generator's fast path: one draw fills 8 bytes (a 32-bit

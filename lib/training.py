@@ -38,8 +38,9 @@ from lib.tokenizer import SpecialIds, encode_pairs, encode_text, load_tokenizers
 
 log = logging.getLogger(__name__)
 
-# Params that change what is logged or when it is saved, never the weights: changing them continues a run.
-OBSERVING_KEYS = ("peak_tflops", "checkpoint_every")
+# Params that change how a run is logged, saved or computed (compiled kernels), not the model it trains:
+# changing them continues a run.
+RUN_KEYS = ("peak_tflops", "checkpoint_every", "compile")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -108,7 +109,7 @@ class Session:
     the loop adds); ``generators`` the torch generators whose state a resume
     must restore. A checkpoint is resumed only when it shares this run's
     identity: every param but the length of training, the stop rules and
-    ``OBSERVING_KEYS``, and a fingerprint of the data, the tokenizer and this
+    ``RUN_KEYS``, and a fingerprint of the data, the tokenizer and this
     library's code, so that a run after any change that DVC reruns training
     for starts afresh instead of resuming a stale model. Raising the length
     (epochs, max_iters) continues training.
@@ -133,13 +134,16 @@ class Session:
         self.model = build_model(cfg.model, self.kind, **self.vocab)
         self.model.to(self.device)
         self.train_model = distributed.wrap(self.model, self.ctx, self.device)  # forward and backward go here
+        if cfg.compile:  # token-budget batches vary in shape: one graph for every shape, not one per new shape
+            log.info("train.compile: the first step compiles the model (a minute or two on a GPU)")
+            self.train_model = torch.compile(self.train_model, dynamic=self.kind == "seq2seq")
         self.optimizer = make_optimizer(self.model)
         self.state = {"step": 0, "best_valid_loss": math.inf, **state}
         self.generators = generators
         self.checkpoint_dir = Path(checkpoint_dir)
         self.last_path, self.best_path = self.checkpoint_dir / "last.pt", self.checkpoint_dir / "best.pt"
         config = {k: v for k, v in asdict(cfg).items()
-                  if k != length_key and k not in stop_keys and k not in OBSERVING_KEYS}
+                  if k != length_key and k not in stop_keys and k not in RUN_KEYS}
         code = sorted(Path(__file__).parent.rglob("*.py"))
         self.identity = {"config": config, "inputs": fingerprint([Path(data_dir), Path(tokenizer_dir), *code])}
         self.precision = cfg.precision
@@ -254,6 +258,44 @@ class Session:
                 "resumed": self.resumed}
 
 
+def read_back(*scalars: torch.Tensor) -> list[float]:
+    """A step's loss and gradient norm on the host: its one wait for the device.
+
+    Read once the backward pass and the clipping are queued, before the optimizer
+    step (so that a NaN is caught before it reaches the weights): on a GPU the
+    host then waits only for work it has already queued, and the device is never
+    left idle mid-step. The optimizer's kernels run while the host logs and
+    prepares the next batch; the next step's wait includes them.
+    """
+    return [value.item() for value in scalars]
+
+
+class StepClock:
+    """Each step's wall time, from the previous step's read-back to its own.
+
+    On a GPU a step's last kernels (the optimizer's) run after the host has moved
+    on, so the clock ticks at the one wait a step has: the steps' times then add
+    up to the time spent training, logging and collating included, and
+    tokens/s and MFU are what a user gets. ``pause`` before anything else
+    (validation, a checkpoint): the next step then counts from its own start.
+    """
+
+    def __init__(self):
+        self.mark = None
+
+    def start(self):
+        if self.mark is None:
+            self.mark = time.perf_counter()
+
+    def lap(self) -> float:
+        now = time.perf_counter()
+        seconds, self.mark = now - self.mark, now
+        return seconds
+
+    def pause(self):
+        self.mark = None
+
+
 def set_lr(optimizer: torch.optim.Optimizer, lr: float):
     for group in optimizer.param_groups:
         group["lr"] = lr
@@ -337,6 +379,7 @@ def train_seq2seq(task, cfg: TrainConfig, data_dir, tokenizer_dir, model_path, c
     run.open()
 
     model.train()
+    clock = StepClock()
     while (reason := stop_reason(cfg, state)) is None:
         epoch, started = state["epoch"], time.perf_counter()
         order = torch.Generator().manual_seed(cfg.seed * 1_000_003 + epoch)
@@ -345,7 +388,7 @@ def train_seq2seq(task, cfg: TrainConfig, data_dir, tokenizer_dir, model_path, c
                         initial=state["batches_done"], total=len(batches), leave=False,
                         disable=not run.ctx.is_main)
         for indices in progress:
-            step_started = time.perf_counter()
+            clock.start()
             rows, weight = distributed.shard(indices, run.ctx)  # this process's part of the global batch
             batch = collate(train, rows, ids).to(device)
             src_lengths = [len(train.src[i]) for i in indices]  # the global batch's
@@ -358,15 +401,14 @@ def train_seq2seq(task, cfg: TrainConfig, data_dir, tokenizer_dir, model_path, c
                 loss_sum, _ = seq2seq_loss(run.train_model, batch, ids, cfg.label_smoothing)
             # DDP averages gradients over the processes: scale so that the update is the global batch's mean.
             loss = loss_sum / n_tokens * (weight * run.ctx.world)
-            global_loss = (distributed.sum_over_processes(loss_sum.detach() * weight, run.ctx) / n_tokens).item()
-            run.check_finite(global_loss, "lr_factor")
+            global_loss = distributed.sum_over_processes(loss_sum.detach() * weight, run.ctx) / n_tokens
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm, foreach=True)
+            global_loss, grad_norm = read_back(global_loss, grad_norm)
+            seconds = clock.lap()
+            run.check_finite(global_loss, "lr_factor")
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-
-            grad_norm = grad_norm.item()  # waits for the step's last kernel: on a GPU the clock runs ahead of it
-            seconds = time.perf_counter() - step_started
             flops = training_flops(cfg.model, run.vocab["tgt_vocab_size"], src_lengths, tgt_lengths)
             run.log(**{"train/loss": global_loss, "train/lr": lr, "train/grad_norm": grad_norm,
                        **speed(n_tokens + sum(src_lengths), flops, seconds, run.peak_tflops)})
@@ -376,7 +418,9 @@ def train_seq2seq(task, cfg: TrainConfig, data_dir, tokenizer_dir, model_path, c
                 state["elapsed_s"] += time.perf_counter() - started
                 started = time.perf_counter()
                 run.save_last()
+                clock.pause()
 
+        clock.pause()
         valid_loss = mean_loss(model, valid, ids, cfg.max_tokens, device)
         log.info("epoch %d: valid loss %.4f", epoch + 1, valid_loss)
         run.log(epoch=epoch + 1)
@@ -476,8 +520,9 @@ def train_lm(task, cfg: LMTrainConfig, data_dir, tokenizer_dir, model_path, chec
     model.train()
     progress = tqdm(range(state["step"], cfg.max_iters), initial=state["step"], total=cfg.max_iters, leave=False,
                     disable=not run.ctx.is_main)
+    clock = StepClock()
     for _ in progress:
-        step_started = time.perf_counter()
+        clock.start()
         state["step"] += 1
         step = state["step"]
         lr = lm_lr(step, cfg)
@@ -486,16 +531,16 @@ def train_lm(task, cfg: LMTrainConfig, data_dir, tokenizer_dir, model_path, chec
         x, y = x[run.ctx.rank::run.ctx.world], y[run.ctx.rank::run.ctx.world]  # this process's rows
         with run.autocast():
             loss = lm_loss(run.train_model, x.to(device), y.to(device))
-        global_loss = (distributed.sum_over_processes(loss.detach(), run.ctx) / run.ctx.world).item()
-        run.check_finite(global_loss, "lr")
+        global_loss = distributed.sum_over_processes(loss.detach(), run.ctx) / run.ctx.world
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm, foreach=True)
+        global_loss, grad_norm = read_back(global_loss, grad_norm)
+        seconds = clock.lap()
+        run.check_finite(global_loss, "lr")
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-
-        grad_norm = grad_norm.item()  # waits for the step's last kernel: on a GPU the clock runs ahead of it
         run.log(**{"train/loss": global_loss, "train/lr": lr, "train/grad_norm": grad_norm,
-                   **speed(tokens, flops, time.perf_counter() - step_started, run.peak_tflops)})
+                   **speed(tokens, flops, seconds, run.peak_tflops)})
         progress.set_postfix(loss=f"{global_loss:.3f}", lr=f"{lr:.2e}")
         if step % cfg.eval_every == 0 or step == cfg.max_iters:
             train_loss = estimate_loss(model, eval_sets["train"], device)
@@ -503,8 +548,10 @@ def train_lm(task, cfg: LMTrainConfig, data_dir, tokenizer_dir, model_path, chec
             log.info("step %d: train loss %.4f, valid loss %.4f", step, train_loss, valid_loss)
             run.log(**{"eval/train_loss": train_loss})
             run.record_validation(valid_loss, {"block_size": cfg.block_size})
+            clock.pause()
         if step % cfg.checkpoint_every == 0 or step == cfg.max_iters:
             run.save_last()
+            clock.pause()
     return run.finish(model_path)
 
 

@@ -11,10 +11,20 @@ from tests.test_multi30k import write_corpus
 
 
 def test_gpu_check_runs_every_step_and_summarises(tmp_path):
-    work = tmp_path / "work"
+    """The whole script, with its way out when compiling fails: here the compiled model always raises
+    (inductor's C++ build would take minutes on 2 cores), so the compiled training stops at its
+    first step and the script trains eager instead, both paths run."""
+    work, site = tmp_path / "work", tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import torch\n\n\ndef broken_compile(model, **kwargs):  # fails at the first step, as a compiler does\n"
+        "    def compiled(*args, **kwargs):\n"
+        "        raise RuntimeError('no compiler here: a stand-in for one that fails')\n"
+        "    return compiled\n\n\n"
+        "torch.compile = broken_compile\n")
     env = {**os.environ, "PYTHON": sys.executable, "DEVICE": "cpu", "MINUTES": "0.01", "D_MODEL": "32",
            "MAX_TOKENS": "256", "PEAK_TFLOPS": "0.001", "MULTI30K": str(write_corpus(tmp_path / "raw")),
-           "WORK": str(work)}
+           "WORK": str(work), "PYTHONPATH": str(site)}
     result = subprocess.run(["bash", "benchmarks/gpu_check.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
                             timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -25,6 +35,8 @@ def test_gpu_check_runs_every_step_and_summarises(tmp_path):
     train, throughput = summary["train"], summary["throughput"]
     assert train["epochs"] >= 1 and train["steps"] >= 1 and train["tokens_per_s_median"] > 0
     assert 0 < train["mfu_median"] and 0 < train["best_valid_loss"] < 20
-    assert [b["max_tokens"] for b in throughput] == [64, 512]  # a quarter and twice MAX_TOKENS
+    assert [b["max_tokens"] for b in throughput] == [64, 256, 512]  # a quarter of, at and twice MAX_TOKENS
     assert all(b["tokens_per_s"]["ours"] > 0 and b["matmul_peak_tflops"] > 0 for b in throughput)
     assert (work / "model.pt").is_file()
+    assert train["compile"] == "failed" and "training eager instead" in result.stderr
+    assert "no compiler here" in (work / "train-compiled.log").read_text()

@@ -248,3 +248,12 @@ def test_the_forward_pass_reads_nothing_back_from_an_accelerator():
     seq2seq_logits, lm_logits = both_forward_passes("meta")()
     assert seq2seq_logits.shape == (6, 10, V)
     assert lm_logits.shape == (6, 10, V)
+
+
+def test_the_training_forward_pass_compiles_into_one_graph():
+    """Under torch.compile (train.compile) dropout and attention's fully-masked-row pass take their
+    traceable forms on a CPU too, so the training forward pass is one graph there as on a GPU:
+    a graph break would cost a return to Python and the fusions across it."""
+    explanation = torch._dynamo.explain(both_forward_passes("cpu"))()
+    assert explanation.graph_break_count == 0, [b.reason for b in explanation.break_reasons]
+    assert explanation.graph_count == 1
