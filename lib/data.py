@@ -70,7 +70,20 @@ class Batch:
     n_tokens: int  # non-pad targets
 
     def to(self, device) -> "Batch":
-        return Batch(self.src.to(device), self.tgt_in.to(device), self.tgt_out.to(device), self.n_tokens)
+        return Batch(to_device(self.src, device), to_device(self.tgt_in, device), to_device(self.tgt_out, device),
+                     self.n_tokens)
+
+
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``tensor.to(device)``; to a GPU, queued from pinned memory so that the host does not wait.
+
+    A copy from ordinary (pageable) memory makes the host wait until the GPU has
+    finished all the work queued before it; the kernels that read the copy are
+    queued after it on the same stream, so they see the data.
+    """
+    if torch.device(device).type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 def token_budget_batches(

@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from lib import checkpoint, distributed
 from lib.config import ConfigError, LMTrainConfig, TrainConfig, flatten
-from lib.data import Pairs, collate, read_split, read_text, token_budget_batches
+from lib.data import Pairs, collate, read_split, read_text, to_device, token_budget_batches
 from lib.masks import padding_mask, target_mask
 from lib.metrics import PRECISION_DTYPES, matmul_peak, perplexity, speed, training_flops
 from lib.model import build_model
@@ -378,21 +378,25 @@ def train_seq2seq(task, cfg: TrainConfig, data_dir, tokenizer_dir, model_path, c
     valid = fit_lengths(valid, cfg.model.max_len, "valid", cfg.too_long)
     run.open()
 
+    def load(indices: list[int]):  # this process's part of a global batch, on its way to the device
+        rows, weight = distributed.shard(indices, run.ctx)
+        return collate(train, rows, ids).to(device), weight
+
     model.train()
     clock = StepClock()
     while (reason := stop_reason(cfg, state)) is None:
         epoch, started = state["epoch"], time.perf_counter()
         order = torch.Generator().manual_seed(cfg.seed * 1_000_003 + epoch)
         batches = token_budget_batches(train, cfg.max_tokens, order)
-        progress = tqdm(batches[state["batches_done"]:], desc=f"epoch {epoch + 1}/{cfg.epochs}",
-                        initial=state["batches_done"], total=len(batches), leave=False,
-                        disable=not run.ctx.is_main)
-        for indices in progress:
+        todo = batches[state["batches_done"]:]
+        progress = tqdm(todo, desc=f"epoch {epoch + 1}/{cfg.epochs}", initial=state["batches_done"],
+                        total=len(batches), leave=False, disable=not run.ctx.is_main)
+        upcoming = load(todo[0]) if todo else None
+        for i, indices in enumerate(progress):
             clock.start()
-            rows, weight = distributed.shard(indices, run.ctx)  # this process's part of the global batch
-            batch = collate(train, rows, ids).to(device)
-            src_lengths = [len(train.src[i]) for i in indices]  # the global batch's
-            tgt_lengths = [len(train.tgt[i]) + 1 for i in indices]  # targets, eos included
+            batch, weight = upcoming
+            src_lengths = [len(train.src[row]) for row in indices]  # the global batch's
+            tgt_lengths = [len(train.tgt[row]) + 1 for row in indices]  # targets, eos included
             n_tokens = sum(tgt_lengths)
             state["step"] += 1
             lr = noam_lr(state["step"], cfg.model.d_model, cfg.warmup, cfg.lr_factor)
@@ -404,6 +408,8 @@ def train_seq2seq(task, cfg: TrainConfig, data_dir, tokenizer_dir, model_path, c
             global_loss = distributed.sum_over_processes(loss_sum.detach() * weight, run.ctx) / n_tokens
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm, foreach=True)
+            if i + 1 < len(todo):  # the host collates the next batch while the device computes this one
+                upcoming = load(todo[i + 1])
             global_loss, grad_norm = read_back(global_loss, grad_norm)
             seconds = clock.lap()
             run.check_finite(global_loss, "lr_factor")
@@ -530,7 +536,7 @@ def train_lm(task, cfg: LMTrainConfig, data_dir, tokenizer_dir, model_path, chec
         x, y = random_blocks(train, cfg.batch_size, cfg.block_size, sampler)  # the global batch
         x, y = x[run.ctx.rank::run.ctx.world], y[run.ctx.rank::run.ctx.world]  # this process's rows
         with run.autocast():
-            loss = lm_loss(run.train_model, x.to(device), y.to(device))
+            loss = lm_loss(run.train_model, to_device(x, device), to_device(y, device))
         global_loss = distributed.sum_over_processes(loss.detach(), run.ctx) / run.ctx.world
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm, foreach=True)

@@ -90,3 +90,19 @@ def test_the_forward_pass_never_waits_for_the_gpu():
             forward()
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+def test_a_batch_goes_to_the_gpu_without_waiting_for_it():
+    """Batch.to queues its copies from pinned memory. A copy from pageable memory makes the host
+    wait for the GPU's whole queue, the previous step's kernels included, once per tensor."""
+    from lib.data import Pairs, collate
+
+    batch = collate(Pairs([[5, 6, 7], [8]], [[9], [10, 11]]), [0, 1], IDS)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        moved = batch.to(torch.device("cuda"))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for name in ("src", "tgt_in", "tgt_out"):
+        assert getattr(moved, name).is_cuda and torch.equal(getattr(moved, name).cpu(), getattr(batch, name))
