@@ -41,7 +41,7 @@ from lib.data import Batch, collate, read_split, token_budget_batches
 from lib.metrics import PRECISION_DTYPES, clock, matmul_peak, product_rate, square_sizes, training_flops
 from lib.model import SinusoidalPositionalEncoding, Transformer
 from lib.tokenizer import SpecialIds, encode_pairs, load_tokenizers, special_ids
-from lib.training import keep_freed_memory, seq2seq_loss
+from lib.training import compile_model, keep_freed_memory, seq2seq_loss
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -129,7 +129,7 @@ def main():
     models = {"ours": (Transformer(cfg, V, V, joint_vocab=True).to(device), ours_loss),
               "torch_nn_transformer": (TorchReference(cfg, V).to(device), torch_loss)}
     if args.compile:  # as the train stage does: one graph for the batches' varying shapes
-        models = {name: (torch.compile(m, dynamic=True), loss) for name, (m, loss) in models.items()}
+        models = {name: (compile_model(m, "seq2seq"), loss) for name, (m, loss) in models.items()}
     optimizers = {name: torch.optim.Adam(m.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
                   for name, (m, _) in models.items()}
     tokens = sum(b.n_tokens + int((b.src != ids.pad).sum()) for b in batches)

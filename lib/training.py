@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 import torch
+import torch.fx.experimental._config
 import torch.nn.functional as F
 from dvclive import Live
 from tqdm import tqdm
@@ -41,6 +42,20 @@ log = logging.getLogger(__name__)
 # Params that change how a run is logged, saved or computed (compiled kernels), not the model it trains:
 # changing them continues a run.
 RUN_KEYS = ("peak_tflops", "checkpoint_every", "compile")
+
+
+def compile_model(model: torch.nn.Module, kind: str) -> torch.nn.Module:
+    """``torch.compile`` for training (train.compile); it compiles at the first call.
+
+    A seq2seq's token-budget batches vary in shape, so it is compiled for any
+    shape at once (``dynamic``), each size its own symbol. By default sizes that
+    are equal in the first batch share one ("duck sizing"): a first batch with
+    as many source as target tokens would compile a graph for S == T only, and
+    the first batch where they differ would compile it again (minutes on a CPU).
+    """
+    if kind == "seq2seq":
+        torch.fx.experimental._config.use_duck_shape = False  # the switch the recompile log names
+    return torch.compile(model, dynamic=kind == "seq2seq")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -134,9 +149,9 @@ class Session:
         self.model = build_model(cfg.model, self.kind, **self.vocab)
         self.model.to(self.device)
         self.train_model = distributed.wrap(self.model, self.ctx, self.device)  # forward and backward go here
-        if cfg.compile:  # token-budget batches vary in shape: one graph for every shape, not one per new shape
+        if cfg.compile:
             log.info("train.compile: the first step compiles the model (a minute or two on a GPU)")
-            self.train_model = torch.compile(self.train_model, dynamic=self.kind == "seq2seq")
+            self.train_model = compile_model(self.train_model, self.kind)
         self.optimizer = make_optimizer(self.model)
         self.state = {"step": 0, "best_valid_loss": math.inf, **state}
         self.generators = generators

@@ -1,5 +1,7 @@
 """The model: parity with torch's layers, causality, padding invariance, positions, overfitting."""
 
+import functools
+
 import pytest
 import torch
 from torch import nn
@@ -257,3 +259,23 @@ def test_the_training_forward_pass_compiles_into_one_graph():
     explanation = torch._dynamo.explain(both_forward_passes("cpu"))()
     assert explanation.graph_break_count == 0, [b.reason for b in explanation.break_reasons]
     assert explanation.graph_count == 1
+
+
+def test_a_compiled_seq2seq_serves_every_batch_shape_with_one_graph(monkeypatch):
+    """lib.training.compile_model: batches with S == T, then S != T, then another batch size, all
+    through the first graph; by default the first batch's S == T would be assumed from then on."""
+    from torch._dynamo.testing import CompileCounter
+
+    from lib.training import compile_model
+    from tests.test_decoding import V
+
+    counter = CompileCounter()  # counts the graphs dynamo captures, compiles none
+    monkeypatch.setattr(torch.fx.experimental._config, "use_duck_shape", True)  # restored afterwards
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend=counter))
+    torch._dynamo.reset()
+    model = compile_model(Transformer(model_config(dropout=0.1), V, V, joint_vocab=True).train(), "seq2seq")
+    with torch.no_grad():
+        for B, S, T in [(3, 5, 5), (3, 7, 9), (4, 6, 2)]:
+            src, tgt = torch.randint(4, V, (B, S)), torch.randint(4, V, (B, T))
+            assert model(src, tgt, padding_mask(src, PAD), target_mask(tgt, PAD)).shape == (B, T, V)
+    assert counter.frame_count == 1
