@@ -270,11 +270,10 @@ def test_a_compiled_seq2seq_serves_every_batch_shape_with_one_graph(monkeypatch)
     from tests.test_decoding import V
 
     counter = CompileCounter()  # counts the graphs dynamo captures, compiles none
-    monkeypatch.setattr(torch.fx.experimental._config, "use_duck_shape", True)  # restored afterwards
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend=counter))
     torch._dynamo.reset()
-    model = compile_model(Transformer(model_config(dropout=0.1), V, V, joint_vocab=True).train(), "seq2seq")
-    with torch.no_grad():
+    with torch.fx.experimental._config.patch(use_duck_shape=True), torch.no_grad():  # the default, restored after
+        model = compile_model(Transformer(model_config(dropout=0.1), V, V, joint_vocab=True).train(), "seq2seq")
         for B, S, T in [(3, 5, 5), (3, 7, 9), (4, 6, 2)]:
             src, tgt = torch.randint(4, V, (B, S)), torch.randint(4, V, (B, T))
             assert model(src, tgt, padding_mask(src, PAD), target_mask(tgt, PAD)).shape == (B, T, V)

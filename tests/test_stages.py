@@ -134,10 +134,10 @@ def test_compiled_training_trains_the_same_model(tmp_path, built, tiny_params, m
     training.run("cumsum", stage_config(tiny_params, "cumsum", "train"), *paths(tmp_path / "eager"))
     train["compile"] = True
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
-    monkeypatch.setattr(torch.fx.experimental._config, "use_duck_shape", True)  # restored afterwards
     torch._dynamo.reset()
     counters.clear()
-    training.run("cumsum", stage_config(tiny_params, "cumsum", "train"), *paths(tmp_path / "compiled"))
+    with torch.fx.experimental._config.patch(use_duck_shape=True):  # the default, which compile_model turns off
+        training.run("cumsum", stage_config(tiny_params, "cumsum", "train"), *paths(tmp_path / "compiled"))
     assert counters["stats"]["unique_graphs"] >= 1 and not counters["graph_break"]
     eager, compiled = (checkpoint.load(tmp_path / d / "ckpt" / "last.pt")["model"] for d in ("eager", "compiled"))
     for name, weight in eager.items():
