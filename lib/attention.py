@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lib.dropout import Dropout
+from lib.dropout import Dropout, eager_on_cpu
 
 
 def scaled_dot_product_attention(
@@ -57,7 +57,7 @@ def scaled_dot_product_attention(
         # question alone would stall the host until the device caught up, twelve times a
         # step in a 3 + 3 layer model: the pass is the cheaper of the two there. A compiled
         # model (train.compile) makes the pass too: a branch on data would split its graph.
-        if weights.device.type != "cpu" or torch.compiler.is_compiling() or no_key.any():
+        if not eager_on_cpu(weights) or no_key.any():
             weights = weights.masked_fill(no_key, 0.0)
     attended = weights if dropout is None else dropout(weights)
     out = torch.bmm(attended.reshape(B * H, Tq, -1), v.reshape(B * H, -1, D))  # (B*H, Tq, D)

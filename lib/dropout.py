@@ -17,6 +17,12 @@ import torch.nn.functional as F
 from torch import nn
 
 
+def eager_on_cpu(x: torch.Tensor) -> bool:
+    """Whether the CPU-only shortcuts (here, and attention's skipped pass) apply to ``x``: on a GPU
+    torch's own forms are cheaper, and under torch.compile they are the ones it can trace."""
+    return x.device.type == "cpu" and not torch.compiler.is_compiling()
+
+
 class Dropout(nn.Module):
     def __init__(self, p: float):
         super().__init__()
@@ -27,7 +33,7 @@ class Dropout(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.threshold == 0:
             return x
-        if x.device.type != "cpu" or torch.compiler.is_compiling():
+        if not eager_on_cpu(x):
             return F.dropout(x, self.p, training=True)
         n = x.numel()
         # The full 64-bit range is the generator's fast path: one draw fills 8 bytes (a 32-bit

@@ -4,6 +4,7 @@ import functools
 
 import pytest
 import torch
+import torch.fx.experimental._config
 from torch import nn
 
 from lib.masks import causal_mask, padding_mask, target_mask

@@ -13,6 +13,7 @@ import time
 import pandas as pd
 import pytest
 import torch
+import torch.fx.experimental._config
 import yaml
 
 from lib import checkpoint, evaluation, reporting, tokenizer, training
