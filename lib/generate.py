@@ -7,7 +7,8 @@
 from ``models/<task>/`` (what ``dvc repro`` wrote; --models DIR for another
 place). A translation file gets one output line per input line: an empty line
 gives an empty line, and a line longer than the model accepts gets a message
-on stderr and an empty line, so one bad line never stops the file.
+on stderr and an empty line, so one bad line never stops the file. Words or
+characters the vocabulary lacks are read as <unk>, and named on stderr.
 """
 
 import argparse
@@ -21,7 +22,7 @@ from lib import checkpoint
 from lib.checkpoint import atomic_path
 from lib.decoding import sample, translate
 from lib.tasks import get_task
-from lib.tokenizer import decode, encode, load_tokenizers, special_ids
+from lib.tokenizer import decode, encode, load_tokenizers, special_ids, unknown_words
 
 
 def load_trained(directory: str | Path):
@@ -46,9 +47,18 @@ def write_text(path: str, text: str):
             tmp.write_text(text, encoding="utf-8")
 
 
+def unknown_note(tokenizer, text: str) -> str | None:
+    """What of ``text`` the model cannot read (it sees <unk> there), for a message on stderr."""
+    words = unknown_words(tokenizer, text)
+    if not words:
+        return None
+    shown = ", ".join(map(repr, words[:5])) + (f" and {len(words) - 5} more" if len(words) > 5 else "")
+    return f"not in the model's vocabulary, read as <unk>: {shown}"
+
+
 def translate_lines(model, tokenizers, lines: list[str], beam_size: int, alpha: float, max_extra_tokens: int,
                     max_tokens: int) -> tuple[list[str], list[str]]:
-    """One output per line, and the messages about the lines left empty."""
+    """One output per line, and the messages about the lines left empty or read in part as <unk>."""
     ids = special_ids(tokenizers)
     texts = [unicodedata.normalize("NFC", line).strip() for line in lines]
     encoded = encode(tokenizers.source, texts)
@@ -60,6 +70,8 @@ def translate_lines(model, tokenizers, lines: list[str], beam_size: int, alpha: 
             messages.append(f"line {number}: {len(tokens)} tokens, more than the model's max_len "
                             f"{model.cfg.max_len}; its output is left empty")
             continue
+        if note := unknown_note(tokenizers.source, text):
+            messages.append(f"line {number}: {note}")
         keep.append(number - 1)
     outputs = translate(model, [encoded[i] for i in keep], ids, max_tokens, max_extra_tokens, beam_size, alpha)
     translations = [""] * len(lines)
@@ -110,6 +122,8 @@ def main(argv=None):
                 raise ValueError("--prompt is required (and must not be empty) to sample from a language model")
             if args.temperature <= 0 or args.max_new_tokens < 1 or not 0 < args.top_p <= 1 or args.top_k < 0:
                 raise ValueError("--temperature and --max-new-tokens must be > 0, --top-k >= 0, --top-p in (0, 1]")
+            if note := unknown_note(tokenizers.target, args.prompt):
+                print(f"generate: the prompt: {note}", file=sys.stderr)
             prompt = encode(tokenizers.target, [args.prompt])[0]
             out = sample(model, prompt, args.max_new_tokens, args.temperature, args.top_k,
                          torch.Generator().manual_seed(args.seed), state["block_size"], args.top_p)

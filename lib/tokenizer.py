@@ -114,6 +114,18 @@ def encode(tokenizer: Tokenizer, texts: list[str]) -> list[list[int]]:
     return [e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
 
 
+def unknown_words(tokenizer: Tokenizer, text: str) -> list[str]:
+    """The stretches of ``text`` that the vocabulary lacks, each read as <unk>, in order (adjacent ones joined)."""
+    encoding, unk = tokenizer.encode(text, add_special_tokens=False), tokenizer.token_to_id(UNK)
+    spans = []
+    for token, (start, end) in zip(encoding.ids, encoding.offsets):
+        if token == unk:
+            if spans and spans[-1][1] == start:
+                start = spans.pop()[0]
+            spans.append((start, end))
+    return [text[start:end] for start, end in spans]
+
+
 def encode_pairs(tokenizers: Tokenizers, frame) -> Pairs:
     """A parallel split (columns src, tgt) as token ids."""
     return Pairs(encode(tokenizers.source, frame["src"].tolist()), encode(tokenizers.target, frame["tgt"].tolist()))

@@ -161,6 +161,8 @@ def test_generate_continues_a_prompt(tmp_path, lm_built, capsys):
     assert first.startswith("ROMEO:\n") and len(first) == len("ROMEO:\n") + 25 + 1  # one character a token
     generate.main(run + ["--prompt", "ROMEO:\n", "--top-p", "0.9", "--seed", "3"])
     assert capsys.readouterr().out == first  # seeded
+    generate.main(run + ["--prompt", "ROMEO☃:\n"])
+    assert "the prompt: not in the model's vocabulary, read as <unk>: '☃'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         generate.main(run + ["--prompt", ""])
     assert "--prompt is required" in capsys.readouterr().err

@@ -275,7 +275,10 @@ def test_generate_translates_a_file_line_by_line(tmp_path, trained, capsys):
         assert out[1] == "" and out[2] == ""
         generate.main(run + ["--input", str(tmp_path / "one.txt"), "--output", str(tmp_path / "one.out")])
         assert (tmp_path / "one.out").read_text(encoding="utf-8") == out[3] + "\n"  # alone or in a batch
-        assert re.search(r"line 3: \d+ tokens, more than the model's max_len 64", capsys.readouterr().err)
+        err = capsys.readouterr().err
+        assert re.search(r"line 3: \d+ tokens, more than the model's max_len 64", err)
+        assert "line 1: not in the model's vocabulary, read as <unk>: '☃', '北京'" in err  # adjacent ones joined
+        assert "line 4:" not in err
 
 
 def test_generate_reads_stdin_and_names_a_missing_model(tmp_path, trained, capsys, monkeypatch):
