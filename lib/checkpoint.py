@@ -45,8 +45,10 @@ def atomic_dir(path: str | Path):
 
 
 def save(obj: dict, path: str | Path):
-    with atomic_path(path) as tmp:
-        torch.save(obj, tmp)
+    """``torch.save`` through an open file: the archive inside is then named "archive" rather than
+    after the (random) temporary file, so the same weights give the same bytes, and DVC the same hash."""
+    with atomic_path(path) as tmp, open(tmp, "wb") as file:
+        torch.save(obj, file)
 
 
 def load(path: str | Path, map_location="cpu") -> dict:
