@@ -1,4 +1,5 @@
-"""torchrun + DDP on 2 CPU processes (gloo) against one process on the same global batches."""
+"""torchrun + DDP on 2 CPU processes (gloo) against one process on the same global batches: the
+encoder-decoder (token-budget batches, sharded by rows) and the LM (random blocks, split by rows)."""
 
 import os
 import subprocess
@@ -12,10 +13,10 @@ from lib import checkpoint
 from tests.conftest import ROOT
 
 
-def train(tmp_path, params_path, name, processes):
+def train(tmp_path, params_path, name, processes, task="cumsum"):
     out = tmp_path / name
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)]
-    command = [*(launcher if processes > 1 else [sys.executable]), "-m", "stages.train", "cumsum",
+    command = [*(launcher if processes > 1 else [sys.executable]), "-m", "stages.train", task,
                "--data", str(tmp_path / "data"), "--tokenizer", str(tmp_path / "tok"),
                "--model", str(out / "model.pt"), "--checkpoints", str(out / "ckpt"), "--live", str(out / "live"),
                "--params", str(params_path)]
@@ -23,6 +24,10 @@ def train(tmp_path, params_path, name, processes):
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     return out
+
+
+def written(root):
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +66,42 @@ def test_two_processes_train_the_same_model_as_one(runs):
 
 def test_only_rank_zero_writes(runs):
     single, ddp = runs
-    files = lambda root: sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())  # noqa: E731
-    assert files(ddp) == files(single)  # the same files, once each, and nothing half-written
+    assert written(ddp) == written(single)  # the same files, once each, and nothing half-written
     assert not [p for p in ddp.rglob("*") if p.name.endswith(".tmp")]
     steps = (ddp / "live" / "plots" / "metrics" / "train" / "loss.tsv").read_text().splitlines()
     assert len(steps) == 1 + checkpoint.load(ddp / "model.pt")["step"]  # one row per step: one writer
+
+
+@pytest.fixture(scope="module")
+def lm_runs(tmp_path_factory):
+    from lib import tokenizer
+    from lib.config import stage_config
+    from lib.tasks import run_prepare
+    from tests.test_lm import PLAY
+
+    tmp_path = tmp_path_factory.mktemp("ddp_lm")
+    (tmp_path / "play.txt").write_text(PLAY)
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["tasks"] = ["shakespeare"]
+    lm = params["shakespeare"]
+    lm["prepare"]["source"] = str(tmp_path / "play.txt")
+    lm["train"].update(device="cpu", max_iters=30, batch_size=8, block_size=16, warmup=5, eval_every=10,
+                       eval_batches=2, checkpoint_every=10)
+    lm["train"]["model"].update(d_model=32, n_heads=4, decoder_layers=2, d_ff=64, max_len=16,
+                                dropout=0.0)  # dropout masks are drawn per process
+    params_path = tmp_path / "params.yaml"
+    params_path.write_text(yaml.safe_dump(params))
+    run_prepare("shakespeare", stage_config(params, "shakespeare", "prepare"), tmp_path / "data")
+    tokenizer.run("shakespeare", stage_config(params, "shakespeare", "tokenize"), tmp_path / "data", tmp_path / "tok")
+    return (train(tmp_path, params_path, "single", 1, "shakespeare"),
+            train(tmp_path, params_path, "ddp", 2, "shakespeare"))
+
+
+def test_two_processes_train_the_same_lm_as_one(lm_runs):
+    """Each process takes every other row of the global batch of random blocks; the losses average."""
+    single, ddp = (checkpoint.load(run / "model.pt") for run in lm_runs)
+    assert single["step"] == ddp["step"] == 30
+    for name, weight in single["model"].items():
+        assert torch.allclose(weight, ddp["model"][name], atol=1e-5), name
+    assert ddp["valid_loss"] == pytest.approx(single["valid_loss"], abs=1e-5)
+    assert written(lm_runs[1]) == written(lm_runs[0])  # rank 0 alone writes
