@@ -2,6 +2,7 @@
 encoder-decoder (token-budget batches, sharded by rows) and the LM (random blocks, split by rows)."""
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -13,7 +14,9 @@ from lib import checkpoint
 from tests.conftest import ROOT
 
 
-def train(tmp_path, params_path, name, processes, task="cumsum"):
+def train(tmp_path, params_path, name, processes, task="cumsum", log=None):
+    """Run the train stage into tmp_path/name (1 process, or torchrun's ``processes``); ``log``: a list
+    that gets its stderr."""
     out = tmp_path / name
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)]
     command = [*(launcher if processes > 1 else [sys.executable]), "-m", "stages.train", task,
@@ -23,6 +26,8 @@ def train(tmp_path, params_path, name, processes, task="cumsum"):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
+    if log is not None:
+        log.append(result.stderr)
     return out
 
 
@@ -48,8 +53,9 @@ def runs(tmp_path_factory):
     return train(tmp_path, params_path, "single", 1), train(tmp_path, params_path, "ddp", 2)
 
 
-def test_two_processes_train_the_same_model_as_one(runs):
-    single, ddp = (checkpoint.load(run / "model.pt") for run in runs)
+def assert_same_model(path, other_path):
+    """Two model files hold the same step, weights within 1e-5 and validation loss."""
+    single, ddp = checkpoint.load(path), checkpoint.load(other_path)
     assert single["step"] == ddp["step"]
     C = single["model_config"]["d_model"]
     for name, weight in single["model"].items():
@@ -62,6 +68,26 @@ def test_two_processes_train_the_same_model_as_one(runs):
             weight, other = torch.cat([weight[:C], weight[2 * C:]]), torch.cat([other[:C], other[2 * C:]])
         assert torch.allclose(weight, other, atol=1e-5), name
     assert ddp["valid_loss"] == pytest.approx(single["valid_loss"], abs=1e-5)
+
+
+def test_two_processes_train_the_same_model_as_one(runs):
+    single, ddp = runs
+    assert_same_model(single / "model.pt", ddp / "model.pt")
+
+
+def test_raising_epochs_resumes_under_torchrun(runs):
+    """2 processes train 1 epoch, then continue to 2 from rank 0's checkpoint: one process's 2 epochs."""
+    single, ddp = runs
+    root = ddp.parent
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["cumsum"]["train"]["epochs"] = 2
+    longer = root / "params-2-epochs.yaml"
+    longer.write_text(yaml.safe_dump(params))
+    shutil.copytree(ddp, root / "ddp-resumed")
+    log = []
+    resumed = train(root, longer, "ddp-resumed", 2, log=log)
+    assert "resuming from" in log[0] and "at step" in log[0]
+    assert_same_model(train(root, longer, "single-2-epochs", 1) / "model.pt", resumed / "model.pt")
 
 
 def test_only_rank_zero_writes(runs):
@@ -99,9 +125,6 @@ def lm_runs(tmp_path_factory):
 
 def test_two_processes_train_the_same_lm_as_one(lm_runs):
     """Each process takes every other row of the global batch of random blocks; the losses average."""
-    single, ddp = (checkpoint.load(run / "model.pt") for run in lm_runs)
-    assert single["step"] == ddp["step"] == 30
-    for name, weight in single["model"].items():
-        assert torch.allclose(weight, ddp["model"][name], atol=1e-5), name
-    assert ddp["valid_loss"] == pytest.approx(single["valid_loss"], abs=1e-5)
+    assert checkpoint.load(lm_runs[1] / "model.pt")["step"] == 30
+    assert_same_model(lm_runs[0] / "model.pt", lm_runs[1] / "model.pt")
     assert written(lm_runs[1]) == written(lm_runs[0])  # rank 0 alone writes
