@@ -1,5 +1,5 @@
 """What every stage script shares: parse the task and the paths dvc.yaml gives,
-load and validate the stage's params, and turn a known failure into one line."""
+load and validate the stage's params, and turn a known failure (or Ctrl-C) into one line."""
 
 import argparse
 import logging
@@ -23,3 +23,8 @@ def stage_main(stage: str, paths: list[str], run, argv: list[str] | None = None)
     except (ConfigError, FileNotFoundError, ValueError) as err:
         print(f"{stage}@{args.task}: error: {err}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:  # Ctrl-C: every output is written whole or not at all, so say what a re-run does
+        again = "resumes from the last checkpoint" if stage == "train" else "runs the stage again"
+        print(f"{stage}@{args.task}: interrupted; nothing was left half-written, and a re-run {again}",
+              file=sys.stderr)
+        sys.exit(130)

@@ -196,6 +196,31 @@ def test_killed_training_resumes_bit_identical(tmp_path, built, tiny_params):
     assert curve(killed)["loss"].tolist() == curve(straight)["loss"].tolist()
 
 
+def test_ctrl_c_is_one_line_and_keeps_the_checkpoint(tmp_path, built, tiny_params):
+    """SIGINT part-way through training: exit status 130, one line instead of a traceback, last.pt whole."""
+    train = tiny_params["cumsum"]["train"]
+    train.update(epochs=50, checkpoint_every=4)
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(tiny_params))
+    out = tmp_path / "run"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "stages.train", "cumsum", "--params", str(params), "--data", str(built["data"]),
+         "--tokenizer", str(built["tokenizer"]), "--model", str(out / "model.pt"), "--checkpoints",
+         str(out / "ckpt"), "--live", str(out / "live")],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (out / "ckpt" / "last.pt").exists() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    assert "train@cumsum: interrupted; nothing was left half-written, and a re-run resumes from the last " \
+           "checkpoint" in stderr
+    assert "Traceback" not in stderr
+    assert checkpoint.load(out / "ckpt" / "last.pt")["epoch"] < 50
+    assert not (out / "model.pt").exists() and not list(out.rglob("*.tmp"))
+
+
 def test_divergence_stops_with_the_step_and_keeps_the_checkpoint(tmp_path, built, tiny_params):
     train = tiny_params["cumsum"]["train"]
     train.update(epochs=3, lr_factor=1e30, checkpoint_every=1)  # absurd: the weights overflow
