@@ -207,7 +207,9 @@ def test_ctrl_c_is_one_line_and_keeps_the_checkpoint(tmp_path, built, tiny_param
         [sys.executable, "-m", "stages.train", "cumsum", "--params", str(params), "--data", str(built["data"]),
          "--tokenizer", str(built["tokenizer"]), "--model", str(out / "model.pt"), "--checkpoints",
          str(out / "ckpt"), "--live", str(out / "live")],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        # A shell's background job (how CI may run this) ignores SIGINT, and a child inherits that: restore it.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while not (out / "ckpt" / "last.pt").exists() and time.monotonic() < deadline:
         time.sleep(0.005)
