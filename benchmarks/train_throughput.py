@@ -170,9 +170,9 @@ def main():
         "benchmark": "train_throughput", "date": date.today().isoformat(), "machine": platform.processor() or
         platform.machine(), "threads": torch.get_num_threads(), "torch": torch.__version__, "batches": source,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "precision": args.precision, "compile": args.compile, "model": {k: getattr(cfg, k) for k in ("d_model", "n_heads", "encoder_layers",
-                                                                            "decoder_layers", "d_ff", "dropout",
-                                                                            "activation_dropout")},
+        "precision": args.precision, "compile": args.compile,
+        "model": {k: getattr(cfg, k) for k in ("d_model", "n_heads", "encoder_layers", "decoder_layers", "d_ff",
+                                               "dropout", "activation_dropout")},
         "max_tokens": args.max_tokens, "tokens_per_step": round(tokens / len(batches)),
         "tokens_per_s": {name: round(r) for name, r in rate.items()},
         "ms_per_step": {name: round(s / (args.rounds * len(batches)) * 1000, 1) for name, s in seconds.items()},

@@ -22,7 +22,7 @@ from lib import checkpoint
 from lib.checkpoint import atomic_path
 from lib.decoding import sample, translate
 from lib.tasks import get_task
-from lib.tokenizer import decode, encode, load_tokenizers, special_ids, unknown_words
+from lib.tokenizer import decode, load_tokenizers, special_ids, unknown_words
 
 
 def load_trained(directory: str | Path):
@@ -47,9 +47,9 @@ def write_text(path: str, text: str):
             tmp.write_text(text, encoding="utf-8")
 
 
-def unknown_note(tokenizer, text: str) -> str | None:
-    """What of ``text`` the model cannot read (it sees <unk> there), for a message on stderr."""
-    words = unknown_words(tokenizer, text)
+def unknown_note(text: str, encoding, unk: int) -> str | None:
+    """What of ``text`` the model cannot read (its ``encoding`` has <unk> there), for a message on stderr."""
+    words = unknown_words(text, encoding, unk)
     if not words:
         return None
     shown = ", ".join(map(repr, words[:5])) + (f" and {len(words) - 5} more" if len(words) > 5 else "")
@@ -61,16 +61,17 @@ def translate_lines(model, tokenizers, lines: list[str], beam_size: int, alpha: 
     """One output per line, and the messages about the lines left empty or read in part as <unk>."""
     ids = special_ids(tokenizers)
     texts = [unicodedata.normalize("NFC", line).strip() for line in lines]
-    encoded = encode(tokenizers.source, texts)
+    encodings = tokenizers.source.encode_batch(texts, add_special_tokens=False)
+    encoded = [e.ids for e in encodings]
     keep, messages = [], []
-    for number, (text, tokens) in enumerate(zip(texts, encoded), start=1):
+    for number, (text, tokens, encoding) in enumerate(zip(texts, encoded, encodings), start=1):
         if not text:
             continue
         if len(tokens) > model.cfg.max_len:
             messages.append(f"line {number}: {len(tokens)} tokens, more than the model's max_len "
                             f"{model.cfg.max_len}; its output is left empty")
             continue
-        if note := unknown_note(tokenizers.source, text):
+        if note := unknown_note(text, encoding, ids.unk):
             messages.append(f"line {number}: {note}")
         keep.append(number - 1)
     outputs = translate(model, [encoded[i] for i in keep], ids, max_tokens, max_extra_tokens, beam_size, alpha)
@@ -122,9 +123,10 @@ def main(argv=None):
                 raise ValueError("--prompt is required (and must not be empty) to sample from a language model")
             if args.temperature <= 0 or args.max_new_tokens < 1 or not 0 < args.top_p <= 1 or args.top_k < 0:
                 raise ValueError("--temperature and --max-new-tokens must be > 0, --top-k >= 0, --top-p in (0, 1]")
-            if note := unknown_note(tokenizers.target, args.prompt):
+            encoding = tokenizers.target.encode(args.prompt, add_special_tokens=False)
+            if note := unknown_note(args.prompt, encoding, special_ids(tokenizers).unk):
                 print(f"generate: the prompt: {note}", file=sys.stderr)
-            prompt = encode(tokenizers.target, [args.prompt])[0]
+            prompt = encoding.ids
             out = sample(model, prompt, args.max_new_tokens, args.temperature, args.top_k,
                          torch.Generator().manual_seed(args.seed), state["block_size"], args.top_p)
             write_text(args.output, args.prompt + tokenizers.target.decode(out[len(prompt):]) + "\n")

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Iterable
 
 import torch
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Encoding, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from lib.checkpoint import atomic_dir
 from lib.config import TokenizeConfig
@@ -114,9 +114,8 @@ def encode(tokenizer: Tokenizer, texts: list[str]) -> list[list[int]]:
     return [e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
 
 
-def unknown_words(tokenizer: Tokenizer, text: str) -> list[str]:
-    """The stretches of ``text`` that the vocabulary lacks, each read as <unk>, in order (adjacent ones joined)."""
-    encoding, unk = tokenizer.encode(text, add_special_tokens=False), tokenizer.token_to_id(UNK)
+def unknown_words(text: str, encoding: Encoding, unk: int) -> list[str]:
+    """The stretches of ``text`` that its ``encoding`` reads as <unk> (id ``unk``), in order, adjacent ones joined."""
     spans = []
     for token, (start, end) in zip(encoding.ids, encoding.offsets):
         if token == unk:

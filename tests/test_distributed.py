@@ -35,21 +35,28 @@ def written(root):
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def prepare(tmp_path, params: dict, task: str):
+    """Write ``params`` to tmp_path/params.yaml and run the task's prepare and tokenize stages there."""
     from lib import tokenizer
     from lib.config import stage_config
     from lib.tasks import run_prepare
+
+    params_path = tmp_path / "params.yaml"
+    params_path.write_text(yaml.safe_dump(params))
+    run_prepare(task, stage_config(params, task, "prepare"), tmp_path / "data")
+    tokenizer.run(task, stage_config(params, task, "tokenize"), tmp_path / "data", tmp_path / "tok")
+    return params_path
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
     from tests.conftest import TINY_PARAMS
 
     tmp_path = tmp_path_factory.mktemp("ddp")
     params = yaml.safe_load(yaml.safe_dump(TINY_PARAMS))
     params["cumsum"]["train"]["model"]["dropout"] = 0.0  # dropout masks are drawn per process
     params["cumsum"]["train"]["epochs"] = 1
-    params_path = tmp_path / "params.yaml"
-    params_path.write_text(yaml.safe_dump(params))
-    run_prepare("cumsum", stage_config(params, "cumsum", "prepare"), tmp_path / "data")
-    tokenizer.run("cumsum", stage_config(params, "cumsum", "tokenize"), tmp_path / "data", tmp_path / "tok")
+    params_path = prepare(tmp_path, params, "cumsum")
     return train(tmp_path, params_path, "single", 1), train(tmp_path, params_path, "ddp", 2)
 
 
@@ -100,9 +107,6 @@ def test_only_rank_zero_writes(runs):
 
 @pytest.fixture(scope="module")
 def lm_runs(tmp_path_factory):
-    from lib import tokenizer
-    from lib.config import stage_config
-    from lib.tasks import run_prepare
     from tests.test_lm import PLAY
 
     tmp_path = tmp_path_factory.mktemp("ddp_lm")
@@ -115,10 +119,7 @@ def lm_runs(tmp_path_factory):
                        eval_batches=2, checkpoint_every=10)
     lm["train"]["model"].update(d_model=32, n_heads=4, decoder_layers=2, d_ff=64, max_len=16,
                                 dropout=0.0)  # dropout masks are drawn per process
-    params_path = tmp_path / "params.yaml"
-    params_path.write_text(yaml.safe_dump(params))
-    run_prepare("shakespeare", stage_config(params, "shakespeare", "prepare"), tmp_path / "data")
-    tokenizer.run("shakespeare", stage_config(params, "shakespeare", "tokenize"), tmp_path / "data", tmp_path / "tok")
+    params_path = prepare(tmp_path, params, "shakespeare")
     return (train(tmp_path, params_path, "single", 1, "shakespeare"),
             train(tmp_path, params_path, "ddp", 2, "shakespeare"))
 
