@@ -10,6 +10,13 @@ from pathlib import Path
 import torch
 
 
+def _umask() -> int:
+    """The process's umask (reading it means setting it, so it is set straight back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 @contextmanager
 def atomic_path(path: str | Path):
     """Yield a temporary path beside ``path``; move it into place only on success.
@@ -20,6 +27,8 @@ def atomic_path(path: str | Path):
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    # mkstemp makes the file private (0600); the finished file gets the mode any new file would.
+    os.fchmod(fd, 0o666 & ~_umask())
     os.close(fd)
     try:
         yield Path(tmp)

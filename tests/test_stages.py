@@ -49,6 +49,18 @@ def built(tmp_path_factory):
     return p
 
 
+def test_written_files_have_the_usual_mode(built):
+    """Atomic writes go through a private temporary file; what lands must not stay private (0600)."""
+    fresh = built["data"].parent / "fresh"
+    fresh.write_text("")
+    expected = fresh.stat().st_mode & 0o777  # what the umask gives any new file
+    fresh.unlink()
+    modes = {str(f.relative_to(built["data"].parent)): oct(f.stat().st_mode & 0o777)
+             for f in built["data"].parent.rglob("*") if f.is_file()}
+    assert "models/model.pt" in modes and "models/checkpoints/last.pt" in modes
+    assert {name: mode for name, mode in modes.items() if mode != oct(expected)} == {}
+
+
 def test_tokenizer_has_specials_and_every_sum(built):
     tok = tokenizer.load_tokenizers(built["tokenizer"]).target
     ids = tokenizer.special_ids(tok)
