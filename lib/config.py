@@ -245,6 +245,7 @@ class LMEvaluateConfig:
 
     def __post_init__(self):
         require(len(self.prompts) > 0, "prompts", "needs at least one prompt")
+        require(all(self.prompts), "prompts", "an empty prompt leaves the model nothing to continue")
         require(self.max_new_tokens > 0, "max_new_tokens", "must be > 0")
         require(self.temperature > 0, "temperature", "must be > 0")
         require(self.top_k >= 0, "top_k", "must be >= 0")
@@ -277,7 +278,7 @@ class ReportConfig:
 
 @dataclasses.dataclass(frozen=True)
 class LMReportConfig:
-    passage_tokens: int  # length of the validation passage drawn as self-attention heatmaps
+    passage_tokens: int  # length of the validation passage drawn as self-attention heatmaps (<= train.block_size)
 
     def __post_init__(self):
         require(self.passage_tokens > 1, "passage_tokens", "must be > 1")

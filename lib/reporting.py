@@ -15,7 +15,7 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
 from lib import checkpoint  # noqa: E402
-from lib.config import flatten  # noqa: E402
+from lib.config import ConfigError, flatten  # noqa: E402
 from lib.data import collate, read_split, read_text  # noqa: E402
 from lib.masks import padding_mask, target_mask  # noqa: E402
 from lib.tasks import TASKS, get_task  # noqa: E402
@@ -227,6 +227,10 @@ def run(task, cfg, data_dir, tokenizer_dir, model_path, metrics_path, samples_pa
     samples = pd.read_json(samples_path, lines=True)
     tokenizers = load_tokenizers(tokenizer_dir)
     model, state = checkpoint.load_model(model_path)
+    kind = get_task(task).KIND
+    if kind == "lm" and cfg.passage_tokens > state["block_size"]:  # checked before anything is drawn
+        raise ConfigError(f"report.passage_tokens: {cfg.passage_tokens} is longer than the blocks the model "
+                          f"was trained on (train.block_size {state['block_size']})")
 
     plot_losses(live_dir, figures_dir / "loss.png")
     lines = [
@@ -235,7 +239,7 @@ def run(task, cfg, data_dir, tokenizer_dir, model_path, metrics_path, samples_pa
         "## Metrics", "", metrics_table(metrics), "",
         "## Training curves", "", f"![loss curves and learning rate]({rel}/loss.png)", "",
     ]
-    sections = lm_sections if get_task(task).KIND == "lm" else seq2seq_sections
+    sections = lm_sections if kind == "lm" else seq2seq_sections
     lines += sections(cfg, data_dir, tokenizers, model, metrics, samples, figures_dir, rel)
     with checkpoint.atomic_path(report_path) as tmp:
         tmp.write_text("\n".join(lines))

@@ -132,6 +132,18 @@ def test_lm_stages_write_metrics_samples_and_report(lm_built):
     assert "self_attention.png" in text and "```" in text
 
 
+def test_prompts_and_passage_that_the_model_cannot_take_are_named(lm_built, tmp_path):
+    """An empty prompt, or a heatmap passage longer than the training blocks: named before anything is written."""
+    with pytest.raises(ConfigError, match=r"shakespeare\.evaluate\.prompts: an empty prompt"):
+        from_dict(LMEvaluateConfig, {"prompts": ["ROMEO:", ""], "max_new_tokens": 5, "temperature": 1.0,
+                                     "top_k": 0, "seed": 0}, "shakespeare.evaluate")
+    report, figures = tmp_path / "report.md", tmp_path / "figures"
+    with pytest.raises(ConfigError, match=r"report\.passage_tokens: 17 is longer than .* \(train\.block_size 16\)"):
+        reporting.run("shakespeare", LMReportConfig(passage_tokens=17), lm_built["data"], lm_built["tok"],
+                      lm_built["model"], lm_built["metrics"], lm_built["samples"], lm_built["live"], report, figures)
+    assert not report.exists() and list(figures.iterdir()) == []
+
+
 @pytest.mark.parametrize("content, message", [
     (b"", r"play.txt is empty"),
     (b"ROMEO:\nO \xff\xfe night\n", r"play.txt: not UTF-8 text at byte 9"),
