@@ -156,6 +156,8 @@ class TokenizeConfig:
         require(self.min_frequency >= 1, "min_frequency", "must be >= 1")
         if self.kind == "bpe":
             require(self.vocab_size > 4, "vocab_size", "bpe needs a vocab_size above the 4 special tokens")
+        else:  # a word or char vocabulary holds every symbol seen min_frequency times: no size to set
+            require(self.vocab_size == 0, "vocab_size", f"applies to kind: bpe only, not {self.kind}")
 
 
 @dataclasses.dataclass(frozen=True)

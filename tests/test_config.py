@@ -26,6 +26,8 @@ from tests.conftest import ROOT
         ("train", lambda p: p["train"].update(peak_tflops=-1), r"cumsum\.train\.peak_tflops: -1.0 is neither"),
         ("train", lambda p: p["train"].update(peak_tflops=[1]), r"cumsum\.train\.peak_tflops: expected float or str"),
         ("tokenize", lambda p: p["tokenize"].update(kind="bytes"), r"cumsum\.tokenize\.kind"),
+        ("tokenize", lambda p: p["tokenize"].update(vocab_size=100),
+         r"cumsum\.tokenize\.vocab_size: applies to kind: bpe only, not word"),
         ("prepare", lambda p: p["prepare"].update(max_length=1), r"cumsum\.prepare\.max_length: must be >="),
         ("evaluate", lambda p: p["evaluate"].update(n_samples=-1), r"cumsum\.evaluate\.n_samples"),
     ],
