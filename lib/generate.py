@@ -34,8 +34,14 @@ def load_trained(directory: str | Path):
 
 
 def read_lines(path: str) -> list[str]:
-    text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
-    return text.splitlines()
+    """The lines of a UTF-8 file (or stdin); bytes that are not UTF-8 are named by line."""
+    raw = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
+    try:
+        return raw.decode("utf-8").splitlines()
+    except UnicodeDecodeError as err:
+        line, line_start = raw.count(b"\n", 0, err.start) + 1, raw.rfind(b"\n", 0, err.start) + 1
+        name = "stdin" if path == "-" else path
+        raise ValueError(f"{name}: line {line}: not UTF-8 (byte {err.start - line_start})") from None
 
 
 def write_text(path: str, text: str):
@@ -103,11 +109,14 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     try:
+        if args.output != "-" and Path(args.output).is_dir():  # found out before the work, not after it
+            raise ValueError(f"--output {args.output}: is a directory; give a file name")
         kind = get_task(args.task).KIND
         directory = Path(args.models or Path("models") / args.task)
         model, tokenizers, state = load_trained(directory)
         if state["kind"] != kind:
-            raise ValueError(f"{directory / 'model.pt'} is a {state['kind']} model, but {args.task} is a {kind} task")
+            raise ValueError(f"{directory / 'model.pt'} holds a model of kind {state['kind']!r}, but {args.task} "
+                             f"is a {kind!r} task")
         if kind == "seq2seq":
             if not args.input:
                 raise ValueError("--input is required to translate (a file, or - for stdin)")

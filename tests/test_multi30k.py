@@ -281,15 +281,27 @@ def test_generate_translates_a_file_line_by_line(tmp_path, trained, capsys):
         assert "line 4:" not in err
 
 
-def test_generate_reads_stdin_and_names_a_missing_model(tmp_path, trained, capsys, monkeypatch):
+def test_generate_reads_stdin_and_names_what_it_cannot_use(tmp_path, trained, capsys, monkeypatch):
     import io
 
     from lib import generate
 
-    monkeypatch.setattr("sys.stdin", io.StringIO(GERMAN[2] + "\n\n"))
+    def stdin(data: bytes):
+        monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"))
+
+    def fails(args: list[str]) -> str:
+        with pytest.raises(SystemExit) as exit_info:
+            generate.main(["--task", "multi30k"] + args)
+        assert exit_info.value.code == 2
+        return capsys.readouterr().err
+
+    stdin((GERMAN[2] + "\n\n").encode())
     generate.main(["--task", "multi30k", "--models", str(trained), "--input", "-"])
     assert len(capsys.readouterr().out.split("\n")) == 3
-    with pytest.raises(SystemExit) as exit_info:
-        generate.main(["--task", "multi30k", "--models", str(tmp_path / "nowhere"), "--input", "-"])
-    assert exit_info.value.code == 2
-    assert "tokenizer.json: tokenizer not found (run the tokenize stage first)" in capsys.readouterr().err
+    assert "tokenizer.json: tokenizer not found (run the tokenize stage first)" in fails(
+        ["--models", str(tmp_path / "nowhere"), "--input", "-"])
+    stdin(GERMAN[2].encode() + b"\nEin \xff Hund\n")
+    assert "generate: error: stdin: line 2: not UTF-8 (byte 4)" in fails(["--models", str(trained), "--input", "-"])
+    (tmp_path / "in.txt").write_text(GERMAN[2] + "\n")
+    assert f"--output {tmp_path}: is a directory" in fails(
+        ["--models", str(trained), "--input", str(tmp_path / "in.txt"), "--output", str(tmp_path)])
