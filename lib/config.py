@@ -94,6 +94,11 @@ def choose(value: str, field: str, allowed: tuple[str, ...]):
     require(value in allowed, field, f"{value!r} is not one of {', '.join(allowed)}")
 
 
+def check_seed(seed: int):
+    """Seeds go to torch generators (64-bit) after small arithmetic: 32 bits leave room for it."""
+    require(0 <= seed < 2**32, "seed", f"{seed} is not in [0, 2**32)")
+
+
 def check_peak(peak_tflops: float | str):
     require(peak_tflops == "measure" or isinstance(peak_tflops, float) and peak_tflops >= 0, "peak_tflops",
             f"{peak_tflops!r} is neither a number >= 0 nor 'measure'")
@@ -183,6 +188,7 @@ class TrainConfig:
     # (a minute or two of compiling when training starts); on a CPU it is slower than eager
 
     def __post_init__(self):
+        check_seed(self.seed)
         choose(self.device, "device", ("auto", "cpu", "cuda"))
         choose(self.precision, "precision", PRECISIONS)
         choose(self.too_long, "too_long", ("fail", "skip"))
@@ -221,6 +227,7 @@ class LMTrainConfig:
     # (a minute or two of compiling when training starts); on a CPU it is slower than eager
 
     def __post_init__(self):
+        check_seed(self.seed)
         choose(self.device, "device", ("auto", "cpu", "cuda"))
         choose(self.precision, "precision", PRECISIONS)
         choose(self.schedule, "schedule", ("cosine", "noam"))
@@ -246,6 +253,7 @@ class LMEvaluateConfig:
     top_p: float = 1.0  # sample among the likeliest tokens whose probabilities reach p (nucleus); 1 = all
 
     def __post_init__(self):
+        check_seed(self.seed)
         require(len(self.prompts) > 0, "prompts", "needs at least one prompt")
         require(all(self.prompts), "prompts", "an empty prompt leaves the model nothing to continue")
         require(self.max_new_tokens > 0, "max_new_tokens", "must be > 0")
@@ -312,7 +320,9 @@ def stage_config(params: dict, task: str, stage: str):
 
     get_task(task)  # an unknown task name fails first
     tasks = params.get("tasks")
-    if not isinstance(tasks, list) or task not in tasks:
+    if not isinstance(tasks, list):
+        raise ConfigError(f"tasks: expected a list of task names (tasks: [{task}]), got {tasks!r}")
+    if task not in tasks:
         raise ConfigError(f"tasks: {task!r} is not listed in tasks ({tasks!r})")
     section = params.get(task)
     if not isinstance(section, dict) or stage not in section:

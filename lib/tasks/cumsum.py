@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from lib.config import require
+from lib.config import check_seed, require
 from lib.data import read_split
 
 KIND = "seq2seq"
@@ -30,6 +30,7 @@ class PrepareConfig:
     n_per_length: int  # length study: sequences of each length 1..vocab_length, none of them in train
 
     def __post_init__(self):
+        check_seed(self.seed)
         require(self.min_length >= 1, "min_length", "must be >= 1")
         require(self.max_length >= self.min_length, "max_length", "must be >= min_length")
         for name in ("n_train", "n_valid", "n_test"):
