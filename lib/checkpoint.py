@@ -60,8 +60,11 @@ def save(obj: dict, path: str | Path):
         torch.save(obj, file)
 
 
-def load(path: str | Path, map_location="cpu") -> dict:
-    """Load a checkpoint or model file saved by ``save``, tensors and plain data only."""
+def load(path: str | Path, map_location="cpu", remedy: str = "re-run the train stage") -> dict:
+    """Load a checkpoint or model file saved by ``save``, tensors and plain data only.
+
+    An unreadable file is a ValueError that ends with ``remedy``, what the user can do about it.
+    """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: not found (run the train stage first)")
@@ -71,7 +74,7 @@ def load(path: str | Path, map_location="cpu") -> dict:
         # torch's own message suggests weights_only=False: wrong advice for a corrupt file.
         raise ValueError(
             f"{path}: not a readable checkpoint (corrupt, truncated, or not written by this project: "
-            f"{type(err).__name__}); re-run the train stage"
+            f"{type(err).__name__}); {remedy}"
         ) from None
 
 

@@ -187,7 +187,9 @@ class Session:
     def _resume(self, length: int, live_dir) -> bool:
         if not self.last_path.is_file():
             return False
-        saved = checkpoint.load(self.last_path, map_location=self.device)
+        # Training would stop on it again at every re-run: the way out is to start afresh.
+        saved = checkpoint.load(self.last_path, map_location=self.device,
+                                remedy=f"delete {self.checkpoint_dir} to train from the start")
         reason = self._mismatch(saved, length)
         if reason:
             log.info("%s: %s; starting afresh", self.last_path, reason)
@@ -362,7 +364,8 @@ def fit_lengths(pairs: Pairs, max_len: int, split: str, too_long: str) -> Pairs:
 
 def average_weights(paths: list[Path]) -> dict:
     """The element-wise mean of several saved models' weights (checkpoint averaging)."""
-    states = [checkpoint.load(path)["model"] for path in paths]
+    states = [checkpoint.load(path, remedy=f"delete {path.parent} to train from the start")["model"]
+              for path in paths]
     return {name: sum(state[name].double() for state in states).div(len(states)).to(states[0][name].dtype)
             for name in states[0]}
 

@@ -4,6 +4,7 @@ import functools
 import json
 import platform
 import resource
+import shutil
 import signal
 import struct
 import subprocess
@@ -262,6 +263,18 @@ def test_corrupt_artifact_is_named(tmp_path, built, name):
     load = checkpoint.load if name.endswith(".pt") else tokenizer.load_tokenizer
     with pytest.raises(ValueError, match=rf"{name}: not a readable"):
         load(bad)
+
+
+def test_unreadable_last_checkpoint_says_how_to_start_afresh(tmp_path, built, tiny_params):
+    """A corrupt last.pt would stop every re-run the same way, so the message gives the way out instead
+    of "re-run the train stage", and the file is left for the user to look at."""
+    shutil.copytree(built["checkpoints"], tmp_path / "ckpt")
+    (tmp_path / "ckpt" / "last.pt").write_bytes(b"\x00garbage{" * 20)
+    with pytest.raises(ValueError, match=r"last\.pt: not a readable checkpoint .*; delete .*ckpt to train from the start"):
+        training.run("cumsum", stage_config(tiny_params, "cumsum", "train"), built["data"], built["tokenizer"],
+                     tmp_path / "model.pt", tmp_path / "ckpt", tmp_path / "live")
+    assert (tmp_path / "ckpt" / "last.pt").read_bytes() == b"\x00garbage{" * 20
+    assert not (tmp_path / "model.pt").exists()
 
 
 def test_same_params_same_metrics(tmp_path, built):
