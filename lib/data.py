@@ -27,7 +27,14 @@ def read_split(data_dir: str | Path, split: str) -> pd.DataFrame:
     path = split_path(data_dir, split)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: split not found (run the prepare stage first)")
-    return pd.read_parquet(path)
+    try:
+        frame = pd.read_parquet(path)
+    except (OSError, ValueError) as err:  # pyarrow's errors name a buffer, not the file
+        raise ValueError(f"{path}: not a readable split ({type(err).__name__}); re-run the prepare stage") from None
+    if not {"src", "tgt"} <= set(frame.columns):
+        raise ValueError(f"{path}: expected columns src and tgt, found {list(frame.columns)}; "
+                         "re-run the prepare stage")
+    return frame
 
 
 class Packed(NamedTuple):
@@ -142,4 +149,7 @@ def read_text(data_dir: str | Path, split: str) -> str:
     path = text_path(data_dir, split)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: split not found (run the prepare stage first)")
-    return path.read_text(encoding="utf-8")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not UTF-8 text at byte {err.start}; re-run the prepare stage") from None

@@ -19,7 +19,7 @@ import yaml
 
 from lib import checkpoint, evaluation, reporting, tokenizer, training
 from lib.config import ConfigError, stage_config
-from lib.data import collate
+from lib.data import collate, read_split, read_text
 from lib.masks import padding_mask, target_mask
 from lib.tasks import run_prepare
 from tests.conftest import ROOT
@@ -256,13 +256,24 @@ def test_divergence_stops_with_the_step_and_keeps_the_checkpoint(tmp_path, built
     assert all(torch.isfinite(t).all() for t in last["model"].values())
 
 
-@pytest.mark.parametrize("name", ["model.pt", "tokenizer.json", "source.json"])
-def test_corrupt_artifact_is_named(tmp_path, built, name):
+@pytest.mark.parametrize("name, load, message", [
+    ("model.pt", checkpoint.load, "not a readable checkpoint"),
+    ("tokenizer.json", tokenizer.load_tokenizer, "not a readable"),
+    ("source.json", tokenizer.load_tokenizer, "not a readable"),
+    ("train.parquet", lambda path: read_split(path.parent, "train"), r"not a readable split \(ArrowInvalid\)"),
+    ("valid.txt", lambda path: read_text(path.parent, "valid"), "not UTF-8 text at byte 0; re-run the prepare"),
+])
+def test_corrupt_artifact_is_named(tmp_path, name, load, message):
     bad = tmp_path / name
-    bad.write_bytes(b"\x00garbage{" * 20)
-    load = checkpoint.load if name.endswith(".pt") else tokenizer.load_tokenizer
-    with pytest.raises(ValueError, match=rf"{name}: not a readable"):
+    bad.write_bytes(b"\xffgarbage{" * 20)
+    with pytest.raises(ValueError, match=rf"{name}: {message}"):
         load(bad)
+
+
+def test_split_without_its_columns_is_named(tmp_path):
+    pd.DataFrame({"source": ["1 2"], "target": ["1 3"]}).to_parquet(tmp_path / "test.parquet")
+    with pytest.raises(ValueError, match=r"test.parquet: expected columns src and tgt, found \['source', 'target'\]"):
+        read_split(tmp_path, "test")
 
 
 def test_unreadable_last_checkpoint_says_how_to_start_afresh(tmp_path, built, tiny_params):
