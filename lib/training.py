@@ -101,7 +101,8 @@ def truncate_curves(live_dir: str | Path, step: int):
     """Drop metric rows logged after ``step``: a killed run logged past its last checkpoint."""
     for tsv in (Path(live_dir) / "plots" / "metrics").rglob("*.tsv"):
         frame = pd.read_csv(tsv, sep="\t")
-        frame[frame["step"] <= step].to_csv(tsv, sep="\t", index=False)
+        with checkpoint.atomic_path(tsv) as tmp:
+            frame[frame["step"] <= step].to_csv(tmp, sep="\t", index=False)
 
 
 class DivergedError(ValueError):
@@ -164,11 +165,12 @@ class Session:
         self.precision = cfg.precision
         self.peak_tflops = peak_tflops(cfg, self.device)
         self.live_dir = live_dir
-        self.resumed = self._resume(getattr(cfg, length_key), live_dir)
+        self.resumed = self._resume(getattr(cfg, length_key))
         self.live = None
 
     def open(self):
-        """Start writing: clear the outputs of an earlier run unless resuming it.
+        """Start writing: clear the outputs of an earlier run, or when resuming it, drop the curves' rows
+        logged after its checkpoint.
 
         Called after the loop has checked its data, so that a bad input
         leaves the previous checkpoints and curves as they were. Under torchrun
@@ -177,14 +179,16 @@ class Session:
         distributed.barrier(self.ctx)
         if not self.ctx.is_main:
             return
-        if not self.resumed:
+        if self.resumed:
+            truncate_curves(self.live_dir, self.state["step"])
+        else:
             shutil.rmtree(self.checkpoint_dir, ignore_errors=True)
             shutil.rmtree(self.live_dir, ignore_errors=True)
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         self.live = Live(dir=str(self.live_dir), resume=self.resumed, report=None, save_dvc_exp=False,
                          dvcyaml=False)
 
-    def _resume(self, length: int, live_dir) -> bool:
+    def _resume(self, length: int) -> bool:
         if not self.last_path.is_file():
             return False
         # Training would stop on it again at every re-run: the way out is to start afresh.
@@ -200,7 +204,6 @@ class Session:
         for name, generator in self.generators.items():
             generator.set_state(saved["generators"][name])
         self.state = {k: saved[k] for k in self.state}
-        truncate_curves(live_dir, self.state["step"])
         log.info("resuming from %s at step %d", self.last_path, self.state["step"])
         return True
 
