@@ -4,13 +4,14 @@ Launched by torchrun (WORLD_SIZE > 1 in the environment), every process
 builds the same global batch from the same seed and trains on its own slice
 of it (rows rank, rank + world, ...); DDP averages the gradients, so the
 update is the single-process one on the whole batch. Only rank 0 writes
-checkpoints, metrics and logs. Backends: nccl on CUDA, gloo on CPU.
+checkpoints, metrics and logs (the others log warnings and errors only). Backends: nccl on CUDA, gloo on CPU.
 
     torchrun --standalone --nproc_per_node 8 -m stages.train multi30k ...        # 8 GPUs, one machine
     torchrun --nnodes 2 --node_rank R --nproc_per_node 8 \\
              --rdzv_backend c10d --rdzv_endpoint HOST:29500 -m stages.train ...   # 2 machines
 """
 
+import logging
 import os
 from dataclasses import dataclass
 
@@ -37,6 +38,8 @@ def setup(device: torch.device) -> Context:
         return Context(0, 1, device)
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    if dist.get_rank() != 0:  # rank 0 speaks for all; the others say only what goes wrong
+        logging.getLogger("lib").setLevel(logging.WARNING)
     return Context(dist.get_rank(), world, device)
 
 
