@@ -4,7 +4,8 @@ Launched by torchrun (WORLD_SIZE > 1 in the environment), every process
 builds the same global batch from the same seed and trains on its own slice
 of it (rows rank, rank + world, ...); DDP averages the gradients, so the
 update is the single-process one on the whole batch. Only rank 0 writes
-checkpoints, metrics and logs (the others log warnings and errors only). Backends: nccl on CUDA, gloo on CPU.
+checkpoints, metrics and logs (the others log warnings and errors only).
+Backends: nccl on CUDA, gloo on CPU.
 
     torchrun --standalone --nproc_per_node 8 -m stages.train multi30k ...        # 8 GPUs, one machine
     torchrun --nnodes 2 --node_rank R --nproc_per_node 8 \\

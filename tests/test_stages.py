@@ -281,7 +281,8 @@ def test_unreadable_last_checkpoint_says_how_to_start_afresh(tmp_path, built, ti
     of "re-run the train stage", and the file is left for the user to look at."""
     shutil.copytree(built["checkpoints"], tmp_path / "ckpt")
     (tmp_path / "ckpt" / "last.pt").write_bytes(b"\x00garbage{" * 20)
-    with pytest.raises(ValueError, match=r"last\.pt: not a readable checkpoint .*; delete .*ckpt to train from the start"):
+    message = r"last\.pt: not a readable checkpoint .*; delete .*ckpt to train from the start"
+    with pytest.raises(ValueError, match=message):
         training.run("cumsum", stage_config(tiny_params, "cumsum", "train"), built["data"], built["tokenizer"],
                      tmp_path / "model.pt", tmp_path / "ckpt", tmp_path / "live")
     assert (tmp_path / "ckpt" / "last.pt").read_bytes() == b"\x00garbage{" * 20
