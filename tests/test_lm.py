@@ -161,6 +161,35 @@ def test_bad_source_is_named_and_nothing_is_written(tmp_path, content, message):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "play.txt"]  # no temporary left behind
 
 
+def test_source_url_is_downloaded_and_an_unreachable_one_is_named(tmp_path):
+    """shakespeare.prepare.source as an http URL, served here by a local server: the same splits as the
+    local file; a missing page or a closed port is one error naming the param, and nothing is written."""
+    import functools
+    import http.server
+    import threading
+
+    served = tmp_path / "served"
+    served.mkdir()
+    (served / "play.txt").write_text(PLAY)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(served))
+    handler.log_message = lambda *args: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}"
+        run_prepare("shakespeare", shakespeare.PrepareConfig(source=f"{url}/play.txt", train_fraction=0.9),
+                    tmp_path / "data")
+        assert (tmp_path / "data" / "train.txt").read_text() + (tmp_path / "data" / "valid.txt").read_text() == PLAY
+        for source, reason in [(f"{url}/missing.txt", "HTTP Error 404"), ("http://127.0.0.1:9/play.txt", "refused")]:
+            with pytest.raises(ConfigError, match=rf"shakespeare\.prepare\.source: {source}: could not be "
+                                                  rf"downloaded \(.*{reason}.*\); without internet"):
+                run_prepare("shakespeare", shakespeare.PrepareConfig(source=source, train_fraction=0.9),
+                            tmp_path / "other")
+            assert not (tmp_path / "other").exists()
+    finally:
+        server.shutdown()
+
+
 def test_generate_continues_a_prompt(tmp_path, lm_built, capsys):
     from lib import generate
 

@@ -5,6 +5,7 @@ compare with published ones: the first 90% of characters train, the last 10%
 validate.
 """
 
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,8 +30,13 @@ class PrepareConfig:
 
 def load_source(source: str) -> str:
     if source.startswith(("http://", "https://")):
-        with urllib.request.urlopen(source, timeout=60) as response:  # noqa: S310 (the user's own URL)
-            raw = response.read()
+        try:
+            with urllib.request.urlopen(source, timeout=60) as response:  # noqa: S310 (the user's own URL)
+                raw = response.read()
+        except (OSError, ValueError) as err:  # URLError and HTTPError are OSErrors; a malformed URL a ValueError
+            reason = err if isinstance(err, urllib.error.HTTPError) else getattr(err, "reason", None) or err
+            raise ConfigError(f"shakespeare.prepare.source: {source}: could not be downloaded ({reason}); "
+                              "without internet, give the path of a local copy") from None
     else:
         raw = Path(source).read_bytes()
     try:
