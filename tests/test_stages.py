@@ -73,6 +73,14 @@ def test_tokenizer_has_specials_and_every_sum(built):
     assert unknown("3 4 8") == []
 
 
+def test_cumsum_refuses_a_min_frequency_its_closed_vocabulary_cannot_use(tmp_path, built, tiny_params):
+    """It once repeated the alphabet min_frequency times: 10**9 took minutes and 8 GB before failing."""
+    tiny_params["cumsum"]["tokenize"]["min_frequency"] = 10**9
+    with pytest.raises(ConfigError, match=r"cumsum\.tokenize\.min_frequency: 1000000000, but .* closed .* must be 1"):
+        tokenizer.run("cumsum", stage_config(tiny_params, "cumsum", "tokenize"), built["data"], tmp_path / "tok")
+    assert not (tmp_path / "tok").exists()
+
+
 def test_train_writes_model_checkpoints_and_curves(built):
     state = checkpoint.load(built["model"])
     assert state["kind"] == "seq2seq" and state["valid_loss"] == built["summary"]["best_valid_loss"]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from lib.config import check_seed, require
+from lib.config import ConfigError, check_seed, require
 from lib.data import read_split
 
 KIND = "seq2seq"
@@ -128,15 +128,19 @@ def sentence_score(hypothesis: str, reference: str) -> float:
 
 
 def tokenizer_texts(cfg, data_dir: Path, side: str) -> list[str]:
-    """Training sources and/or targets, plus every sum the task can produce.
+    """Training sources and/or targets, plus one line of every sum the task can produce, so that sums
+    larger than any training sequence reaches still enter the vocabulary.
 
-    The alphabet line is repeated ``min_frequency`` times so that sums longer
-    than any training sequence reaches still enter the vocabulary.
+    That vocabulary is closed (every digit and sum, each seen at least once), so a min_frequency
+    above 1 could only drop sums the model must be able to write: it is refused.
     """
+    if cfg.min_frequency != 1:
+        raise ConfigError(f"cumsum.tokenize.min_frequency: {cfg.min_frequency}, but cumsum's vocabulary is closed "
+                          "(every digit and every sum the task can produce): it must be 1")
     train = read_split(data_dir, "train")
     alphabet = (Path(data_dir) / "alphabet.txt").read_text().strip()
     sources = train["src"].tolist() if side in ("source", "both") else []
-    targets = train["tgt"].tolist() + [alphabet] * cfg.min_frequency if side in ("target", "both") else []
+    targets = train["tgt"].tolist() + [alphabet] if side in ("target", "both") else []
     return sources + targets
 
 
