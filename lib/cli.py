@@ -1,11 +1,21 @@
 """What every stage script shares: parse the task and the paths dvc.yaml gives,
-load and validate the stage's params, and turn a known failure (or Ctrl-C) into one line."""
+load and validate the stage's params, and turn a known failure (or Ctrl-C, or SIGTERM) into one line."""
 
 import argparse
 import logging
+import signal
 import sys
 
 from lib.config import ConfigError, load_params, stage_config
+
+
+class Terminated(BaseException):
+    """SIGTERM (kill, a scheduler's preemption, torchrun stopping its workers), raised where the stage
+    is, so that it unwinds as Ctrl-C does: every temporary file is removed on the way out."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated
 
 
 def stage_main(stage: str, paths: list[str], run, argv: list[str] | None = None):
@@ -17,14 +27,17 @@ def stage_main(stage: str, paths: list[str], run, argv: list[str] | None = None)
     parser.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         cfg = stage_config(load_params(args.params), args.task, stage)
         run(args.task, cfg, args)
     except (ConfigError, FileNotFoundError, ValueError) as err:
         print(f"{stage}@{args.task}: error: {err}", file=sys.stderr)
         sys.exit(2)
-    except KeyboardInterrupt:  # Ctrl-C: every output is written whole or not at all, so say what a re-run does
+    except (KeyboardInterrupt, Terminated) as stop:
+        # Every output is written whole or not at all, so say what a re-run does; the exit status is the one
+        # a shell reports for the signal (128 + its number).
+        what, status = ("interrupted", 130) if isinstance(stop, KeyboardInterrupt) else ("terminated (SIGTERM)", 143)
         again = "resumes from the last checkpoint" if stage == "train" else "runs the stage again"
-        print(f"{stage}@{args.task}: interrupted; nothing was left half-written, and a re-run {again}",
-              file=sys.stderr)
-        sys.exit(130)
+        print(f"{stage}@{args.task}: {what}; nothing was left half-written, and a re-run {again}", file=sys.stderr)
+        sys.exit(status)

@@ -181,6 +181,8 @@ class Session:
             return
         if self.resumed:
             truncate_curves(self.live_dir, self.state["step"])
+            for stale in self.checkpoint_dir.glob(".*.tmp"):  # a save that kill -9 cut short
+                stale.unlink()
         else:
             shutil.rmtree(self.checkpoint_dir, ignore_errors=True)
             shutil.rmtree(self.live_dir, ignore_errors=True)

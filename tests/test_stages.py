@@ -206,6 +206,7 @@ def test_killed_training_resumes_bit_identical(tmp_path, built, tiny_params):
     process.wait()
     interrupted = checkpoint.load(killed / "ckpt" / "last.pt")
     assert interrupted["epoch"] < 3, "the run finished before it could be killed"
+    (killed / "ckpt" / ".last.pt.k1ll3d.tmp").write_bytes(b"half a checkpoint")  # as a kill mid-save leaves
 
     result = subprocess.run(command(killed), cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
@@ -216,10 +217,14 @@ def test_killed_training_resumes_bit_identical(tmp_path, built, tiny_params):
     curve = lambda d: pd.read_csv(d / "live" / "plots" / "metrics" / "train" / "loss.tsv", sep="\t")  # noqa: E731
     assert curve(killed)["step"].tolist() == curve(straight)["step"].tolist()
     assert curve(killed)["loss"].tolist() == curve(straight)["loss"].tolist()
+    assert not list(killed.rglob("*.tmp"))  # the resumed run cleared it
 
 
-def test_ctrl_c_is_one_line_and_keeps_the_checkpoint(tmp_path, built, tiny_params):
-    """SIGINT part-way through training: exit status 130, one line instead of a traceback, last.pt whole."""
+@pytest.mark.parametrize("sent, status, said", [(signal.SIGINT, 130, "interrupted"),
+                                               (signal.SIGTERM, 143, "terminated (SIGTERM)")])
+def test_ctrl_c_is_one_line_and_keeps_the_checkpoint(tmp_path, built, tiny_params, sent, status, said):
+    """SIGINT (Ctrl-C) or SIGTERM (kill, a scheduler) part-way through training: exit status 128 + the signal,
+    one line instead of a traceback or nothing, last.pt whole, no temporary file left."""
     train = tiny_params["cumsum"]["train"]
     train.update(epochs=50, checkpoint_every=4)
     params = tmp_path / "params.yaml"
@@ -235,10 +240,10 @@ def test_ctrl_c_is_one_line_and_keeps_the_checkpoint(tmp_path, built, tiny_param
     deadline = time.monotonic() + 120
     while not (out / "ckpt" / "last.pt").exists() and time.monotonic() < deadline:
         time.sleep(0.005)
-    process.send_signal(signal.SIGINT)
+    process.send_signal(sent)
     _, stderr = process.communicate(timeout=60)
-    assert process.returncode == 130, stderr
-    assert "train@cumsum: interrupted; nothing was left half-written, and a re-run resumes from the last " \
+    assert process.returncode == status, stderr
+    assert f"train@cumsum: {said}; nothing was left half-written, and a re-run resumes from the last " \
            "checkpoint" in stderr
     assert "Traceback" not in stderr
     assert checkpoint.load(out / "ckpt" / "last.pt")["epoch"] < 50
