@@ -10,11 +10,15 @@ from pathlib import Path
 import torch
 
 
-def _umask() -> int:
-    """The process's umask (reading it means setting it, so it is set straight back)."""
+def _read_umask() -> int:
+    """The process's umask. Reading it means setting it (and setting it straight back), so it is read
+    once, at import, before any thread could create a file in between."""
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
+
+
+NEW_FILE_MODE = 0o666 & ~_read_umask()  # what open() gives a new file
 
 
 @contextmanager
@@ -27,8 +31,7 @@ def atomic_path(path: str | Path):
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    # mkstemp makes the file private (0600); the finished file gets the mode any new file would.
-    os.fchmod(fd, 0o666 & ~_umask())
+    os.fchmod(fd, NEW_FILE_MODE)  # mkstemp makes it private (0600): the finished file gets the usual mode
     os.close(fd)
     try:
         yield Path(tmp)
