@@ -222,7 +222,8 @@ def test_killed_training_resumes_bit_identical(tmp_path, built, tiny_params):
 
 @pytest.mark.parametrize("sent, status, said", [(signal.SIGINT, 130, "interrupted"),
                                                (signal.SIGTERM, 143, "terminated (SIGTERM)")])
-def test_ctrl_c_is_one_line_and_keeps_the_checkpoint(tmp_path, built, tiny_params, sent, status, said):
+def test_ctrl_c_or_sigterm_is_one_line_and_keeps_the_checkpoint(tmp_path, built, tiny_params, sent, status,
+                                                                 said):
     """SIGINT (Ctrl-C) or SIGTERM (kill, a scheduler) part-way through training: exit status 128 + the signal,
     one line instead of a traceback or nothing, last.pt whole, no temporary file left."""
     train = tiny_params["cumsum"]["train"]
