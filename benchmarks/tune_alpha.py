@@ -11,9 +11,9 @@ import json
 from datetime import date
 from pathlib import Path
 
+from lib.checkpoint import load_trained
 from lib.data import read_split
 from lib.decoding import translate
-from lib.generate import load_trained
 from lib.tasks import multi30k
 from lib.tokenizer import decode, encode_pairs, special_ids
 
@@ -28,7 +28,7 @@ def main():
     parser.add_argument("--alphas", type=float, nargs="+", default=[0.0, 0.3, 0.6, 0.9, 1.2])
     args = parser.parse_args()
 
-    model, tokenizers, _ = load_trained(args.models)
+    model, tokenizers, _ = load_trained(Path(args.models) / "model.pt", Path(args.models) / "tokenizer")
     ids = special_ids(tokenizers)
     valid = read_split(args.data, "valid")
     sources = encode_pairs(tokenizers, valid).src

@@ -101,3 +101,21 @@ def load_model(path: str | Path, device="cpu"):
     model = build_model(cfg, state["kind"], state["src_vocab_size"], state["tgt_vocab_size"], state["joint_vocab"])
     model.load_state_dict(state["model"])
     return model.to(device).eval(), state
+
+
+def load_trained(model_path: str | Path, tokenizer_dir: str | Path, device="cpu"):
+    """A trained model and the tokenizers it was trained with: (model in eval mode, tokenizers, the file's dict).
+
+    The two are written by different stages; a model file and a tokenizer directory from different
+    runs would index the embeddings out of range, so their vocabulary sizes must agree.
+    """
+    from lib.tokenizer import load_tokenizers
+
+    tokenizers = load_tokenizers(tokenizer_dir)
+    model, state = load_model(model_path, device)
+    theirs = (tokenizers.source.get_vocab_size(), tokenizers.target.get_vocab_size())
+    if theirs != (state["src_vocab_size"], state["tgt_vocab_size"]):
+        raise ValueError(f"{model_path} was trained with vocabularies of {state['src_vocab_size']} (source) and "
+                         f"{state['tgt_vocab_size']} (target) tokens, but {tokenizer_dir} has {theirs[0]} and "
+                         f"{theirs[1]}: they come from different runs (re-run the train stage)")
+    return model, tokenizers, state

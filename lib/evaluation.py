@@ -23,7 +23,7 @@ from lib.data import Pairs, read_split, read_text
 from lib.decoding import sample, translate
 from lib.metrics import perplexity
 from lib.tasks import get_task
-from lib.tokenizer import decode, encode, encode_pairs, encode_text, load_tokenizers, special_ids
+from lib.tokenizer import decode, encode, encode_pairs, encode_text, special_ids
 from lib.training import mean_loss
 
 
@@ -43,9 +43,8 @@ def write_outputs(metrics: dict, samples: pd.DataFrame, metrics_path, samples_pa
 def evaluate_seq2seq(task, cfg: EvaluateConfig, data_dir, tokenizer_dir, model_path, metrics_path, samples_path):
     device = torch.device("cpu")
     module = get_task(task)
-    tokenizers = load_tokenizers(tokenizer_dir)
+    model, tokenizers, _ = checkpoint.load_trained(model_path, tokenizer_dir, device)
     ids = special_ids(tokenizers)
-    model, _ = checkpoint.load_model(model_path, device)
 
     def translate_frame(frame: pd.DataFrame) -> list[str]:
         return translate_texts(model, encode_pairs(tokenizers, frame), ids, tokenizers.target, cfg)
@@ -101,8 +100,8 @@ def split_loss(model, ids: torch.Tensor, block_size: int, batch_size: int = 32) 
 
 
 def evaluate_lm(task, cfg: LMEvaluateConfig, data_dir, tokenizer_dir, model_path, metrics_path, samples_path):
-    tokenizer = load_tokenizers(tokenizer_dir).target
-    model, state = checkpoint.load_model(model_path)
+    model, tokenizers, state = checkpoint.load_trained(model_path, tokenizer_dir)
+    tokenizer = tokenizers.target
     text = read_text(data_dir, "valid")
     ids = encode_text(tokenizer, text)
     loss = split_loss(model, ids, state["block_size"])

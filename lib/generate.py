@@ -22,15 +22,7 @@ from lib import checkpoint
 from lib.checkpoint import atomic_path
 from lib.decoding import sample, translate
 from lib.tasks import get_task
-from lib.tokenizer import decode, load_tokenizers, special_ids, unknown_words
-
-
-def load_trained(directory: str | Path):
-    """What ``dvc repro`` wrote for a task: (model in eval mode, its tokenizers, the model file's dict)."""
-    directory = Path(directory)
-    tokenizers = load_tokenizers(directory / "tokenizer")
-    model, state = checkpoint.load_model(directory / "model.pt")
-    return model, tokenizers, state
+from lib.tokenizer import decode, special_ids, unknown_words
 
 
 def read_lines(path: str) -> list[str]:
@@ -113,7 +105,7 @@ def main(argv=None):
             raise ValueError(f"--output {args.output}: is a directory; give a file name")
         kind = get_task(args.task).KIND
         directory = Path(args.models or Path("models") / args.task)
-        model, tokenizers, state = load_trained(directory)
+        model, tokenizers, state = checkpoint.load_trained(directory / "model.pt", directory / "tokenizer")
         if state["kind"] != kind:
             raise ValueError(f"{directory / 'model.pt'} holds a model of kind {state['kind']!r}, but {args.task} "
                              f"is a {kind!r} task")

@@ -19,7 +19,7 @@ from lib.config import ConfigError, flatten  # noqa: E402
 from lib.data import collate, read_split, read_text  # noqa: E402
 from lib.masks import padding_mask, target_mask  # noqa: E402
 from lib.tasks import TASKS, get_task  # noqa: E402
-from lib.tokenizer import encode_pairs, encode_text, load_tokenizers, special_ids  # noqa: E402
+from lib.tokenizer import encode_pairs, encode_text, special_ids  # noqa: E402
 
 
 def _format(value) -> str:
@@ -225,8 +225,7 @@ def run(task, cfg, data_dir, tokenizer_dir, model_path, metrics_path, samples_pa
     rel = figures_dir.relative_to(report_path.parent)
     metrics = json.loads(Path(metrics_path).read_text())
     samples = pd.read_json(samples_path, lines=True)
-    tokenizers = load_tokenizers(tokenizer_dir)
-    model, state = checkpoint.load_model(model_path)
+    model, tokenizers, state = checkpoint.load_trained(model_path, tokenizer_dir)
     kind = get_task(task).KIND
     if kind == "lm" and cfg.passage_tokens > state["block_size"]:  # checked before anything is drawn
         raise ConfigError(f"report.passage_tokens: {cfg.passage_tokens} is longer than the blocks the model "

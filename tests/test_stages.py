@@ -284,6 +284,18 @@ def test_corrupt_artifact_is_named(tmp_path, name, load, message):
         load(bad)
 
 
+def test_model_and_tokenizer_from_different_runs_are_named(tmp_path, built, tiny_params):
+    """evaluate, report and lib.generate load both through one helper, which compares the vocabularies."""
+    tiny_params["cumsum"]["tokenize"]["kind"] = "char"  # another vocabulary from the same data
+    tokenizer.run("cumsum", stage_config(tiny_params, "cumsum", "tokenize"), built["data"], tmp_path / "tok")
+    message = r"model.pt was trained with vocabularies of (\d+) \(source\) and \1 \(target\) tokens, " \
+              r"but .*tok has \d+ and \d+: they come from different runs"
+    with pytest.raises(ValueError, match=message):
+        checkpoint.load_trained(built["model"], tmp_path / "tok")
+    model, tokenizers, state = checkpoint.load_trained(built["model"], built["tokenizer"])
+    assert state["tgt_vocab_size"] == tokenizers.target.get_vocab_size() and not model.training
+
+
 def test_split_without_its_columns_is_named(tmp_path):
     pd.DataFrame({"source": ["1 2"], "target": ["1 3"]}).to_parquet(tmp_path / "test.parquet")
     with pytest.raises(ValueError, match=r"test.parquet: expected columns src and tgt, found \['source', 'target'\]"):
