@@ -5,6 +5,7 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -24,6 +25,45 @@ def stages_run(output: str) -> set[str]:
     return set(re.findall(r"Running stage '([^']+)'", output))
 
 
+# Loaded into every Python process of the test's `dvc repro` (PYTHONPATH): a stage process writes, as it
+# exits, its command line and the lib and stages modules it ran.
+RECORD_MODULES = """import atexit, os, sys
+
+
+def record():
+    if os.sep + "stages" + os.sep in sys.argv[0]:  # python -m stages.train: argv[0] is .../stages/train.py
+        names = sorted(m for m in sys.modules if m.split(".")[0] in ("lib", "stages"))
+        with open(os.path.join(os.environ["RECORD_MODULES"], str(os.getpid())), "w") as f:
+            f.write(" ".join(sys.argv) + "\\n" + "\\n".join(names) + "\\n")
+
+
+atexit.register(record)
+"""
+
+
+def code_not_in_deps(loaded, repo) -> dict:
+    """For each stage that ran: the lib and stages files it loaded that its dvc.yaml entry does not list
+    (a change there would leave its outputs stale: dvc repro would not run it again)."""
+    stages = yaml.safe_load((repo / "dvc.yaml").read_text())["stages"]
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    missing = {}
+    for record in loaded.iterdir():
+        argv, *names = record.read_text().splitlines()
+        match = re.search(r"stages/(\w+)\.py (\w+)", argv)
+        assert match, argv
+        stage, task = match.groups()
+        assert task in params["tasks"], argv
+        deps = {dep.replace("${item}", task) for dep in stages[stage]["do"]["deps"]}
+        files = {str(path.relative_to(repo)) for name in names
+                 for path in (repo / Path(*name.split(".")) / "__init__.py",
+                              (repo / Path(*name.split("."))).with_suffix(".py")) if path.is_file()}
+        unlisted = files - deps - {"lib/__init__.py", "stages/__init__.py"}
+        if unlisted:
+            missing[f"{stage}@{task}"] = sorted(unlisted)
+    assert len(list(loaded.iterdir())) >= 5, "every stage's process records what it loaded"
+    return missing
+
+
 def test_dvc_repro_end_to_end(tmp_path):
     repo = tmp_path / "repo"
     repo.mkdir()
@@ -33,7 +73,11 @@ def test_dvc_repro_end_to_end(tmp_path):
         shutil.copy(ROOT / name, repo / name)
     (repo / "params.yaml").write_text(yaml.safe_dump(TINY_PARAMS))
     bin_dir = os.path.dirname(sys.executable)
+    site, loaded = tmp_path / "site", tmp_path / "loaded"
+    site.mkdir(), loaded.mkdir()
+    (site / "sitecustomize.py").write_text(RECORD_MODULES)
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+           "PYTHONPATH": str(site), "RECORD_MODULES": str(loaded),
            "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
            "GIT_COMMITTER_EMAIL": "t@t"}
     dvc = os.path.join(bin_dir, "dvc")
@@ -51,6 +95,8 @@ def test_dvc_repro_end_to_end(tmp_path):
                  "reports/cumsum/figures/by_length.png", "reports/index.md"):
         assert (repo / path).is_file(), path
 
+    assert code_not_in_deps(loaded, repo) == {}
+
     second = sh(dvc, "repro", cwd=repo, env=env)
     assert stages_run(second) == set()
     assert "up to date" in sh(dvc, "status", cwd=repo, env=env)
@@ -66,3 +112,4 @@ def test_dvc_repro_end_to_end(tmp_path):
     sh(dvc, "plots", "show", "-o", str(tmp_path / "plots"), cwd=repo, env=env)
     page = (tmp_path / "plots" / "index.html").read_text()
     assert "train/loss.tsv" in page and "valid/loss.tsv" in page
+
