@@ -106,8 +106,9 @@ def load_model(path: str | Path, device="cpu"):
 def load_trained(model_path: str | Path, tokenizer_dir: str | Path, device="cpu"):
     """A trained model and the tokenizers it was trained with: (model in eval mode, tokenizers, the file's dict).
 
-    The two are written by different stages; a model file and a tokenizer directory from different
-    runs would index the embeddings out of range, so their vocabulary sizes must agree.
+    The two are written by different stages. A model file and a tokenizer directory from different runs
+    would silently read the wrong tokens, or index the embeddings out of range, so their vocabulary sizes
+    must agree.
     """
     from lib.tokenizer import load_tokenizers
 
