@@ -134,6 +134,9 @@ def main(argv=None):
     except (ValueError, FileNotFoundError, OSError) as err:
         print(f"generate: error: {err}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:  # the output file is written whole at the end, so there is nothing to clean up
+        print("generate: interrupted; --output was not written", file=sys.stderr)
+        sys.exit(130)
 
 
 if __name__ == "__main__":

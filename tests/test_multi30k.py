@@ -305,3 +305,21 @@ def test_generate_reads_stdin_and_names_what_it_cannot_use(tmp_path, trained, ca
     (tmp_path / "in.txt").write_text(GERMAN[2] + "\n")
     assert f"--output {tmp_path}: is a directory" in fails(
         ["--models", str(trained), "--input", str(tmp_path / "in.txt"), "--output", str(tmp_path)])
+
+
+def test_generate_interrupted_is_one_line_and_writes_nothing(tmp_path, trained, capsys, monkeypatch):
+    from lib import generate
+
+    def ctrl_c(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(generate, "translate_lines", ctrl_c)  # Ctrl-C while translating
+    files = tmp_path / "files"
+    files.mkdir()
+    (files / "in.txt").write_text(GERMAN[2] + "\n")
+    with pytest.raises(SystemExit) as exit_info:
+        generate.main(["--task", "multi30k", "--models", str(trained), "--input", str(files / "in.txt"),
+                       "--output", str(files / "out.txt")])
+    assert exit_info.value.code == 130
+    assert capsys.readouterr().err == "generate: interrupted; --output was not written\n"
+    assert [p.name for p in files.iterdir()] == ["in.txt"]
