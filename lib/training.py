@@ -10,6 +10,7 @@ best weights by validation loss to ``model_path``.
 Dims: B batch, T block length, V vocabulary.
 """
 
+import ast
 import contextlib
 import ctypes
 import hashlib
@@ -97,6 +98,30 @@ def fingerprint(paths: list[Path]) -> str:
     return digest.hexdigest()
 
 
+def training_code(task: str) -> list[Path]:
+    """The lib files training runs: this module, what it imports at the top of the file, and so on down,
+    and the task's own module (loaded by name). A change to any other file (the report's plots, the
+    decoders) leaves a checkpoint resumable; dvc.yaml lists the same files as the train stage's deps."""
+    lib = Path(__file__).parent
+    todo, found = [Path(__file__), lib / "tasks" / f"{task}.py"], set()
+    while todo:
+        path = todo.pop()
+        if path in found:
+            continue
+        found.add(path)
+        for node in ast.parse(path.read_text()).body:  # top-level imports only: lazy ones sit in functions
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            for name in (n for n in names if n.split(".")[0] == "lib"):
+                module = lib.parent / Path(*name.split("."))
+                todo += [f for f in (module.with_suffix(".py"), module / "__init__.py") if f.is_file()]
+    return sorted(found)
+
+
 def truncate_curves(live_dir: str | Path, step: int):
     """Drop metric rows logged after ``step``: a killed run logged past its last checkpoint."""
     for tsv in (Path(live_dir) / "plots" / "metrics").rglob("*.tsv"):
@@ -125,9 +150,9 @@ class Session:
     the loop adds); ``generators`` the torch generators whose state a resume
     must restore. A checkpoint is resumed only when it shares this run's
     identity: every param but the length of training, the stop rules and
-    ``RUN_KEYS``, and a fingerprint of the data, the tokenizer and this
-    library's code, so that a run after any change that DVC reruns training
-    for starts afresh instead of resuming a stale model. Raising the length
+    ``RUN_KEYS``, and a fingerprint of the data, the tokenizer and the code
+    training runs (``training_code``), so that a run after any change that
+    DVC reruns training for starts afresh instead of resuming a stale model. Raising the length
     (epochs, max_iters) continues training.
     """
 
@@ -160,8 +185,8 @@ class Session:
         self.last_path, self.best_path = self.checkpoint_dir / "last.pt", self.checkpoint_dir / "best.pt"
         config = {k: v for k, v in asdict(cfg).items()
                   if k != length_key and k not in stop_keys and k not in RUN_KEYS}
-        code = sorted(Path(__file__).parent.rglob("*.py"))
-        self.identity = {"config": config, "inputs": fingerprint([Path(data_dir), Path(tokenizer_dir), *code])}
+        self.identity = {"config": config,
+                         "inputs": fingerprint([Path(data_dir), Path(tokenizer_dir), *training_code(task)])}
         self.precision = cfg.precision
         self.peak_tflops = peak_tflops(cfg, self.device)
         self.live_dir = live_dir

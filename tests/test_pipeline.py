@@ -113,3 +113,16 @@ def test_dvc_repro_end_to_end(tmp_path):
     page = (tmp_path / "plots" / "index.html").read_text()
     assert "train/loss.tsv" in page and "valid/loss.tsv" in page
 
+
+@pytest.mark.parametrize("task", ["cumsum", "multi30k", "shakespeare"])
+def test_a_checkpoint_is_tied_to_exactly_the_code_dvc_reruns_training_for(task):
+    """Resume refuses a checkpoint when training's code changed (training_code's fingerprint); DVC reruns
+    train when its deps change. The two lists must agree: a file in the fingerprint only would throw away
+    an interrupted run's progress for an edit to, say, the report's plots; a dep only would resume a
+    model trained by other code."""
+    from lib.training import training_code
+
+    deps = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]["train"]["do"]["deps"]
+    lib_deps = {dep.replace("${item}", task) for dep in deps if dep.startswith("lib/")}
+    code = {str(path.relative_to(ROOT)) for path in training_code(task)} - {"lib/__init__.py"}
+    assert code == lib_deps - {"lib/cli.py"}  # the stage script's helper, not training's
