@@ -20,6 +20,7 @@ import torch
 
 from lib import checkpoint
 from lib.checkpoint import atomic_path
+from lib.data import utf8_text
 from lib.decoding import sample, translate
 from lib.tasks import get_task
 from lib.tokenizer import decode, special_ids, unknown_words
@@ -28,12 +29,7 @@ from lib.tokenizer import decode, special_ids, unknown_words
 def read_lines(path: str) -> list[str]:
     """The lines of a UTF-8 file (or stdin); bytes that are not UTF-8 are named by line."""
     raw = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
-    try:
-        return raw.decode("utf-8").splitlines()
-    except UnicodeDecodeError as err:
-        line, line_start = raw.count(b"\n", 0, err.start) + 1, raw.rfind(b"\n", 0, err.start) + 1
-        name = "stdin" if path == "-" else path
-        raise ValueError(f"{name}: line {line}: not UTF-8 (byte {err.start - line_start})") from None
+    return utf8_text(raw, "stdin" if path == "-" else path).splitlines()
 
 
 def write_text(path: str, text: str):

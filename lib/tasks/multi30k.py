@@ -17,7 +17,7 @@ import pandas as pd
 import sacrebleu
 
 from lib.config import ConfigError, require
-from lib.data import read_split, split_path
+from lib.data import read_split, split_path, utf8_text
 
 KIND = "seq2seq"
 HEADLINE = ("greedy.bleu", "beam*.bleu", "greedy.chrf", "valid_perplexity")  # reports/index.md
@@ -49,18 +49,14 @@ def read_lines(path: Path) -> list[str]:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: missing (multi30k.prepare.source must hold the raw task-1 files)")
     raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-    lines = raw.split(b"\n")
-    if lines and lines[-1] == b"":
+    lines = utf8_text(raw, path).split("\n")
+    if lines and lines[-1] == "":
         lines.pop()
     if not lines:
         raise ValueError(f"{path}: empty file")
     out = []
     for number, line in enumerate(lines, start=1):
-        try:
-            text = line.decode("utf-8")
-        except UnicodeDecodeError as err:
-            raise ValueError(f"{path}: line {number}: not UTF-8 (byte {err.start})") from None
-        text = unicodedata.normalize("NFC", text).strip()
+        text = unicodedata.normalize("NFC", line).strip()
         if not text:
             raise ValueError(f"{path}: line {number}: empty line")
         out.append(text)
