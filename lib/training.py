@@ -152,8 +152,8 @@ class Session:
     identity: every param but the length of training, the stop rules and
     ``RUN_KEYS``, and a fingerprint of the data, the tokenizer and the code
     training runs (``training_code``), so that a run after any change that
-    DVC reruns training for starts afresh instead of resuming a stale model. Raising the length
-    (epochs, max_iters) continues training.
+    DVC reruns training for starts afresh instead of resuming a stale model.
+    Raising the length (epochs, max_iters) continues training.
     """
 
     def __init__(self, task, cfg, length: tuple[str, str], data_dir, tokenizer_dir, checkpoint_dir, live_dir,
