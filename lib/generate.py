@@ -75,13 +75,39 @@ def translate_lines(model, tokenizers, lines: list[str], beam_size: int, alpha: 
     return translations, messages
 
 
+# The options of each kind of task; given for the other kind, they are an error rather than ignored.
+TRANSLATION_OPTIONS = ("input", "beam_size", "alpha", "max_extra_tokens", "max_tokens")
+LM_OPTIONS = ("prompt", "max_new_tokens", "temperature", "top_k", "top_p", "seed")
+
+
+def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace, kind: str):
+    """One error naming every option that is missing, out of range, or set but meant for the other kind of task."""
+    if kind == "seq2seq":
+        errors = [] if args.input else ["--input is required to translate (a file, or - for stdin)"]
+        rules = [("beam_size", args.beam_size >= 1, ">= 1 (1: greedy)"), ("alpha", args.alpha >= 0, ">= 0"),
+                 ("max_extra_tokens", args.max_extra_tokens >= 0, ">= 0"), ("max_tokens", args.max_tokens >= 1, ">= 1")]
+    else:
+        errors = [] if args.prompt else ["--prompt is required (and must not be empty) to sample from a language model"]
+        rules = [("max_new_tokens", args.max_new_tokens >= 1, ">= 1"), ("temperature", args.temperature > 0, "> 0"),
+                 ("top_k", args.top_k >= 0, ">= 0 (0: no top-k filter)"),
+                 ("top_p", 0 < args.top_p <= 1, "in (0, 1] (1: no nucleus filter)")]
+    flag = lambda dest: "--" + dest.replace("_", "-")  # noqa: E731
+    errors += [f"{flag(dest)} {getattr(args, dest)}: must be {must}" for dest, holds, must in rules if not holds]
+    others = LM_OPTIONS if kind == "seq2seq" else TRANSLATION_OPTIONS
+    if misplaced := [flag(dest) for dest in others if getattr(args, dest) != parser.get_default(dest)]:
+        errors.append(f"{', '.join(misplaced)}: not for {args.task}, a {kind} task")
+    if errors:
+        raise ValueError("; ".join(errors))
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m lib.generate", description=__doc__.splitlines()[0])
     parser.add_argument("--task", required=True, help="a task the pipeline trained (models/<task>/)")
     parser.add_argument("--models", help="the directory with model.pt and tokenizer/ (default: models/<task>)")
+    parser.add_argument("--output", default="-",
+                        help="one translation per line, or the LM's text; - for stdout (default)")
     translation = parser.add_argument_group("translation (seq2seq tasks)")
     translation.add_argument("--input", help="one source sentence per line; - for stdin")
-    translation.add_argument("--output", default="-", help="one translation per line; - for stdout (default)")
     translation.add_argument("--beam-size", type=int, default=1, help="1: greedy (default)")
     translation.add_argument("--alpha", type=float, default=0.6, help="beam search's length penalty (default 0.6)")
     translation.add_argument("--max-extra-tokens", type=int, default=20,
@@ -100,26 +126,19 @@ def main(argv=None):
         if args.output != "-" and Path(args.output).is_dir():  # found out before the work, not after it
             raise ValueError(f"--output {args.output}: is a directory; give a file name")
         kind = get_task(args.task).KIND
+        check_options(parser, args, kind)  # before the model loads
         directory = Path(args.models or Path("models") / args.task)
         model, tokenizers, state = checkpoint.load_trained(directory / "model.pt", directory / "tokenizer")
         if state["kind"] != kind:
             raise ValueError(f"{directory / 'model.pt'} holds a model of kind {state['kind']!r}, but {args.task} "
                              f"is a {kind!r} task")
         if kind == "seq2seq":
-            if not args.input:
-                raise ValueError("--input is required to translate (a file, or - for stdin)")
-            if args.beam_size < 1 or args.alpha < 0 or args.max_extra_tokens < 0:
-                raise ValueError("--beam-size must be >= 1, --alpha and --max-extra-tokens >= 0")
             translations, messages = translate_lines(model, tokenizers, read_lines(args.input), args.beam_size,
                                                      args.alpha, args.max_extra_tokens, args.max_tokens)
             for message in messages:
                 print(f"generate: {message}", file=sys.stderr)
             write_text(args.output, "".join(t + "\n" for t in translations))
         else:
-            if not args.prompt:
-                raise ValueError("--prompt is required (and must not be empty) to sample from a language model")
-            if args.temperature <= 0 or args.max_new_tokens < 1 or not 0 < args.top_p <= 1 or args.top_k < 0:
-                raise ValueError("--temperature and --max-new-tokens must be > 0, --top-k >= 0, --top-p in (0, 1]")
             encoding = tokenizers.target.encode(args.prompt, add_special_tokens=False)
             if note := unknown_note(args.prompt, encoding, special_ids(tokenizers).unk):
                 print(f"generate: the prompt: {note}", file=sys.stderr)

@@ -305,6 +305,8 @@ def test_generate_reads_stdin_and_names_what_it_cannot_use(tmp_path, trained, ca
     (tmp_path / "in.txt").write_text(GERMAN[2] + "\n")
     assert f"--output {tmp_path}: is a directory" in fails(
         ["--models", str(trained), "--input", str(tmp_path / "in.txt"), "--output", str(tmp_path)])
+    assert "generate: error: --alpha -1.0: must be >= 0; --prompt, --top-k: not for multi30k, a seq2seq task\n" == fails(
+        ["--models", str(trained), "--input", "-", "--alpha", "-1", "--prompt", "Ein", "--top-k", "5"])
 
 
 def test_generate_interrupted_is_one_line_and_writes_nothing(tmp_path, trained, capsys, monkeypatch):
