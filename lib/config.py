@@ -155,6 +155,7 @@ class TokenizeConfig:
     min_frequency: int  # drop words, characters or merges seen fewer times in the training split
     vocab_size: int = 0  # bpe only: the vocabulary's size, special tokens included
     joint: bool = True  # parallel tasks: one vocabulary for both languages; False: one per side
+    split_punctuation: bool = False  # bpe only: punctuation is its own piece ("▁dog" "."), never merged into a word
 
     def __post_init__(self):
         choose(self.kind, "kind", ("word", "char", "bpe"))
@@ -163,6 +164,7 @@ class TokenizeConfig:
             require(self.vocab_size > 4, "vocab_size", "bpe needs a vocab_size above the 4 special tokens")
         else:  # a word or char vocabulary holds every symbol seen min_frequency times: no size to set
             require(self.vocab_size == 0, "vocab_size", f"applies to kind: bpe only, not {self.kind}")
+            require(not self.split_punctuation, "split_punctuation", f"applies to kind: bpe only, not {self.kind}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -37,7 +37,9 @@ def train_tokenizer(cfg: TokenizeConfig, texts: Iterable[str]) -> Tokenizer:
     word: whitespace-separated words, decoded joined by spaces. char: every
     character (newlines and spaces included) a token, decoded by concatenation.
     bpe: byte-pair merges up to ``vocab_size`` over Metaspace pieces, so that
-    decoding restores the spaces exactly.
+    decoding restores the spaces exactly; with ``split_punctuation`` each
+    punctuation mark is a piece of its own, so that "dog." is "▁dog" "." and
+    not a token apart from "▁dog" (decoding still restores the text exactly).
     """
     if cfg.kind == "word":
         tokenizer = Tokenizer(models.WordLevel(unk_token=UNK))
@@ -55,6 +57,8 @@ def train_tokenizer(cfg: TokenizeConfig, texts: Iterable[str]) -> Tokenizer:
     else:  # bpe
         tokenizer = Tokenizer(models.BPE(unk_token=UNK))
         tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+        if cfg.split_punctuation:
+            tokenizer.pre_tokenizer = pre_tokenizers.Sequence([tokenizer.pre_tokenizer, pre_tokenizers.Punctuation()])
         tokenizer.decoder = decoders.Metaspace()
         trainer = trainers.BpeTrainer(
             vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency, special_tokens=SPECIAL_TOKENS,

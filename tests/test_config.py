@@ -28,6 +28,8 @@ from tests.conftest import ROOT
         ("tokenize", lambda p: p["tokenize"].update(kind="bytes"), r"cumsum\.tokenize\.kind"),
         ("tokenize", lambda p: p["tokenize"].update(vocab_size=100),
          r"cumsum\.tokenize\.vocab_size: applies to kind: bpe only, not word"),
+        ("tokenize", lambda p: p["tokenize"].update(split_punctuation=True),
+         r"cumsum\.tokenize\.split_punctuation: applies to kind: bpe only, not word"),
         ("prepare", lambda p: p["prepare"].update(max_length=1), r"cumsum\.prepare\.max_length: must be >="),
         ("prepare", lambda p: p["prepare"].update(seed=2**64),
          r"cumsum\.prepare\.seed: 18446744073709551616 is not in"),

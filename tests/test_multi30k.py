@@ -133,9 +133,10 @@ def test_unreachable_hub_is_a_clear_error(monkeypatch, tmp_path):
         run_prepare("multi30k", cfg(tiny_params("someone/multi30k"), "prepare"), tmp_path / "data")
 
 
-@pytest.mark.parametrize("joint", [True, False])
-def test_bpe_round_trips_and_specials_come_from_the_artifact(tmp_path, corpus, joint):
+@pytest.mark.parametrize("joint, split_punctuation", [(True, False), (False, False), (True, True)])
+def test_bpe_round_trips_and_specials_come_from_the_artifact(tmp_path, corpus, joint, split_punctuation):
     params = tiny_params(corpus, joint=joint)
+    params["multi30k"]["tokenize"]["split_punctuation"] = split_punctuation
     run_prepare("multi30k", cfg(params, "prepare"), tmp_path / "data")
     tokenizer.run("multi30k", cfg(params, "tokenize"), tmp_path / "data", tmp_path / "tok")
     files = sorted(p.name for p in (tmp_path / "tok").iterdir())
@@ -151,6 +152,11 @@ def test_bpe_round_trips_and_specials_come_from_the_artifact(tmp_path, corpus, j
     assert tokenizer.decode(toks.target, pairs.tgt) == test["tgt"].tolist()
     if not joint:  # each side learned from its own language only
         assert toks.source.token_to_id("▁Hund") is not None and toks.target.token_to_id("▁Hund") is None
+    glued = [t for t in toks.source.get_vocab() if re.search(r"\w", t) and re.search(r"[^\w▁<>]", t)]
+    if split_punctuation:  # "Fahrrad." is "▁Fahrrad" "." and no piece glues a mark to a word
+        assert toks.source.encode("Fahrrad.", add_special_tokens=False).tokens[-1] == "." and not glued
+    else:  # Metaspace alone merges a word's end with its full stop ("e." among the first merges here)
+        assert glued
 
 
 def test_bleu_and_chrf_on_a_known_example():
@@ -235,7 +241,7 @@ def test_average_weights_is_the_elementwise_mean(tmp_path):
 def test_real_multi30k_loads_and_bpe_round_trips(tmp_path):
     params = tiny_params(SHARED)
     params["multi30k"]["tokenize"]["vocab_size"] = 8000
-    params["multi30k"]["tokenize"]["min_frequency"] = 2
+    params["multi30k"]["tokenize"].update(min_frequency=2, split_punctuation=True)  # as params.yaml
     run_prepare("multi30k", cfg(params, "prepare"), tmp_path / "data")
     sizes = {s: len(pd.read_parquet(tmp_path / "data" / f"{s}.parquet")) for s in ("train", "valid", "test")}
     assert sizes == {"train": 29000, "valid": 1014, "test": 1000}
