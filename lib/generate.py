@@ -87,7 +87,7 @@ def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace, kin
         rules = [("beam_size", args.beam_size >= 1, ">= 1 (1: greedy)"), ("alpha", args.alpha >= 0, ">= 0"),
                  ("max_extra_tokens", args.max_extra_tokens >= 0, ">= 0"), ("max_tokens", args.max_tokens >= 1, ">= 1")]
     else:
-        errors = [] if args.prompt else ["--prompt is required (and must not be empty) to sample from a language model"]
+        errors = [] if args.prompt else ["--prompt is required (and must not be empty) to sample from the LM"]
         rules = [("max_new_tokens", args.max_new_tokens >= 1, ">= 1"), ("temperature", args.temperature > 0, "> 0"),
                  ("top_k", args.top_k >= 0, ">= 0 (0: no top-k filter)"),
                  ("top_p", 0 < args.top_p <= 1, "in (0, 1] (1: no nucleus filter)")]
@@ -95,7 +95,8 @@ def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace, kin
     errors += [f"{flag(dest)} {getattr(args, dest)}: must be {must}" for dest, holds, must in rules if not holds]
     others = LM_OPTIONS if kind == "seq2seq" else TRANSLATION_OPTIONS
     if misplaced := [flag(dest) for dest in others if getattr(args, dest) != parser.get_default(dest)]:
-        errors.append(f"{', '.join(misplaced)}: not for {args.task}, a {kind} task")
+        errors.append(f"{', '.join(misplaced)}: not for {args.task} "
+                      f"({'translation' if kind == 'seq2seq' else 'a language model'})")
     if errors:
         raise ValueError("; ".join(errors))
 

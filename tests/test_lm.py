@@ -209,5 +209,6 @@ def test_generate_continues_a_prompt(tmp_path, lm_built, capsys):
     assert "--prompt is required" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # each option at fault named, a translation option refused, not ignored
         generate.main(run + ["--prompt", "RO", "--top-p", "0", "--temperature", "-1", "--beam-size", "3"])
-    assert capsys.readouterr().err == ("generate: error: --temperature -1.0: must be > 0; --top-p 0.0: must be in "
-                                       "(0, 1] (1: no nucleus filter); --beam-size: not for shakespeare, a lm task\n")
+    assert capsys.readouterr().err == (
+        "generate: error: --temperature -1.0: must be > 0; --top-p 0.0: must be in (0, 1] (1: no nucleus filter); "
+        "--beam-size: not for shakespeare (a language model)\n")

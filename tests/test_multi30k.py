@@ -311,7 +311,7 @@ def test_generate_reads_stdin_and_names_what_it_cannot_use(tmp_path, trained, ca
     (tmp_path / "in.txt").write_text(GERMAN[2] + "\n")
     assert f"--output {tmp_path}: is a directory" in fails(
         ["--models", str(trained), "--input", str(tmp_path / "in.txt"), "--output", str(tmp_path)])
-    assert "generate: error: --alpha -1.0: must be >= 0; --prompt, --top-k: not for multi30k, a seq2seq task\n" == fails(
+    assert "generate: error: --alpha -1.0: must be >= 0; --prompt, --top-k: not for multi30k (translation)\n" == fails(
         ["--models", str(trained), "--input", "-", "--alpha", "-1", "--prompt", "Ein", "--top-k", "5"])
 
 
