@@ -240,8 +240,7 @@ def test_average_weights_is_the_elementwise_mean(tmp_path):
 @pytest.mark.skipif(not SHARED.is_dir(), reason="no ../shared/data/multi30k on this machine")
 def test_real_multi30k_loads_and_bpe_round_trips(tmp_path):
     params = tiny_params(SHARED)
-    params["multi30k"]["tokenize"]["vocab_size"] = 8000
-    params["multi30k"]["tokenize"].update(min_frequency=2, split_punctuation=True)  # as params.yaml
+    params["multi30k"]["tokenize"] = yaml.safe_load((ROOT / "params.yaml").read_text())["multi30k"]["tokenize"]
     run_prepare("multi30k", cfg(params, "prepare"), tmp_path / "data")
     sizes = {s: len(pd.read_parquet(tmp_path / "data" / f"{s}.parquet")) for s in ("train", "valid", "test")}
     assert sizes == {"train": 29000, "valid": 1014, "test": 1000}
