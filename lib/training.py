@@ -98,6 +98,12 @@ def fingerprint(paths: list[Path]) -> str:
     return digest.hexdigest()
 
 
+def module_files(root: Path, name: str) -> list[Path]:
+    """The source file of module ``name`` ("lib.data") under ``root``: a module's .py or a package's __init__.py."""
+    module = root / Path(*name.split("."))
+    return [f for f in (module.with_suffix(".py"), module / "__init__.py") if f.is_file()]
+
+
 def training_code(task: str) -> list[Path]:
     """The lib files training runs: this module, what it imports at the top of the file, and so on down,
     and the task's own module (loaded by name). A change to any other file (the report's plots, the
@@ -117,8 +123,7 @@ def training_code(task: str) -> list[Path]:
             else:
                 continue
             for name in (n for n in names if n.split(".")[0] == "lib"):
-                module = lib.parent / Path(*name.split("."))
-                todo += [f for f in (module.with_suffix(".py"), module / "__init__.py") if f.is_file()]
+                todo += module_files(lib.parent, name)
     return sorted(found)
 
 

@@ -5,11 +5,11 @@ import re
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
+from lib.training import module_files
 from tests.conftest import ROOT, TINY_PARAMS
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
@@ -54,9 +54,7 @@ def code_not_in_deps(loaded, repo) -> dict:
         stage, task = match.groups()
         assert task in params["tasks"], argv
         deps = {dep.replace("${item}", task) for dep in stages[stage]["do"]["deps"]}
-        files = {str(path.relative_to(repo)) for name in names
-                 for path in (repo / Path(*name.split(".")) / "__init__.py",
-                              (repo / Path(*name.split("."))).with_suffix(".py")) if path.is_file()}
+        files = {str(path.relative_to(repo)) for name in names for path in module_files(repo, name)}
         unlisted = files - deps - {"lib/__init__.py", "stages/__init__.py"}
         if unlisted:
             missing[f"{stage}@{task}"] = sorted(unlisted)
