@@ -6,7 +6,11 @@ Run from the repository root with the venv active:
 It uses the cumsum params of params.yaml, changing only the position encoding
 (and, with --norm-first, Post-LN to Pre-LN), runs every stage's `run` in a
 temporary directory, prints one JSON object and writes <out>.md and <out>.png
-(default benchmarks/length_study.*).
+(default benchmarks/length_study.*). The page also says how many of the
+sequences at each untrained length have every sum right and miss only where
+the output stops. With --modulus 10 the targets are the sums' last digits, so
+that longer sequences ask for no sum that training rarely saw (see
+lib/tasks/cumsum.py): the positions alone are then tested.
 The same study through DVC experiments, one queued run of the whole pipeline
 per encoding, then this page from their metrics:
     for p in sinusoidal learned rope alibi; do
@@ -25,14 +29,17 @@ from datetime import date
 from pathlib import Path
 
 import matplotlib
+import pandas as pd
 import yaml
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from lib import evaluation, tokenizer, training  # noqa: E402
+from lib import checkpoint, evaluation, tokenizer, training  # noqa: E402
 from lib.config import load_params, stage_config  # noqa: E402
+from lib.data import read_split  # noqa: E402
 from lib.tasks import run_prepare  # noqa: E402
+from lib.tokenizer import encode_pairs, special_ids  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
@@ -41,6 +48,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variants", nargs="+", default=["sinusoidal", "learned", "rope", "alibi"])
     parser.add_argument("--norm-first", action="store_true", help="Pre-LN instead of the params' choice")
+    parser.add_argument("--modulus", type=int, default=None,
+                        help="cumsum.prepare.modulus for the data (10: targets are the sums' last digits)")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                         help="override train params for every variant, e.g. model.dropout=0.0 label_smoothing=0")
     parser.add_argument("--out", default=str(HERE / "length_study"), help="stem of the .md and .png written")
@@ -61,6 +70,8 @@ def main():
         for part in path:
             node = node[part]
         node[last] = yaml.safe_load(value)
+    if args.modulus is not None:
+        params["cumsum"]["prepare"]["modulus"] = args.modulus
     cfg = {stage: stage_config(params, "cumsum", stage) for stage in ("prepare", "tokenize", "train", "evaluate")}
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -79,13 +90,33 @@ def main():
             metrics = evaluation.run("cumsum", cfg["evaluate"], tmp / "data", tmp / "tok", run_dir / "model.pt",
                                      run_dir / "metrics.json", run_dir / "samples.jsonl")
             results[variant] = {"train_s": round(seconds, 1), "exact_match": metrics["greedy"]["exact_match"],
-                                "by_length": metrics["by_length"]}
-    norm = "Pre-LN" if args.norm_first or cfg["train"].model.norm_first else "Post-LN"
+                                "by_length": metrics["by_length"],
+                                "stop_errors_by_length": stop_errors(cfg["evaluate"], tmp, run_dir / "model.pt")}
+    setting = "Pre-LN" if args.norm_first or cfg["train"].model.norm_first else "Post-LN"
+    if cfg["prepare"].modulus:
+        setting += f", sums modulo {cfg['prepare'].modulus}"
     if args.set:
-        norm += ", " + ", ".join(args.set)
-    write_page(results, norm, Path(args.out))
-    print(json.dumps({"benchmark": "length_study", "date": date.today().isoformat(), "norm": norm,
+        setting += ", " + ", ".join(args.set)
+    write_page(results, setting, Path(args.out))
+    print(json.dumps({"benchmark": "length_study", "date": date.today().isoformat(), "setting": setting,
                       "results": results}, indent=2))
+
+
+def stop_errors(cfg, tmp: Path, model_path: Path) -> dict:
+    """{"1": share of the length-1 sequences whose every sum is right but whose output stops too early
+    or too late, ...}: the part of the misses at a length that is about where the output ends."""
+    model, tokenizers, _ = checkpoint.load_trained(model_path, tmp / "tok")
+    study = read_split(tmp / "data", "lengths")
+    hypotheses = evaluation.translate_texts(model, encode_pairs(tokenizers, study), special_ids(tokenizers),
+                                            tokenizers.target, cfg)
+    frame = pd.DataFrame({"length": study["src"].str.split().str.len(),
+                          "stop": [wrong_stop_only(h.split(), r.split()) for h, r in zip(hypotheses, study["tgt"])]})
+    return {str(length): float(share) for length, share in frame.groupby("length")["stop"].mean().items()}
+
+
+def wrong_stop_only(hypothesis: list[str], reference: list[str]) -> bool:
+    """Every token the two share is right, and one is longer: the model stopped at the wrong place."""
+    return len(hypothesis) != len(reference) and all(h == r for h, r in zip(hypothesis, reference))
 
 
 def experiment_results(names: list[str]) -> dict:
@@ -118,14 +149,14 @@ def experiment_results(names: list[str]) -> dict:
     return results
 
 
-def write_page(results: dict, norm: str, out: Path):
+def write_page(results: dict, setting: str, out: Path):
     fig, ax = plt.subplots(figsize=(8, 4))
     lengths = list(range(1, 25))
     for variant, r in results.items():
         ax.plot(lengths, [r["by_length"][str(n)] for n in lengths], "o-", markersize=3, label=variant)
     ax.axvspan(3.5, 12.5, color="tab:green", alpha=0.1, label="trained lengths")
     ax.set(xlabel="sequence length", ylabel="exact-sequence match", ylim=(-0.02, 1.02), xticks=lengths,
-           title=f"cumsum length generalisation by position encoding ({norm})")
+           title=f"cumsum length generalisation by position encoding ({setting})")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -135,12 +166,24 @@ def write_page(results: dict, norm: str, out: Path):
     rule = "|---" * (2 + 12) + "|"
     rows = [f"| {v} | {r['exact_match']:.4f} | " + " | ".join(f"{r['by_length'][str(n)]:.2f}" for n in range(13, 25))
             + " |" for v, r in results.items()]
-    out.with_suffix(".md").write_text("\n".join([
-        f"# Length generalisation on cumsum ({norm})", "",
+    lines = [
+        f"# Length generalisation on cumsum ({setting})", "",
         "Trained on lengths 4-12 (default cumsum params otherwise); exact-sequence match of 100 held-out",
         "sequences at each length. Columns 13-24: lengths never seen in training.", "",
         header, rule, *rows, "", f"![accuracy by length]({out.with_suffix('.png').name})", "",
-    ]))
+    ]
+    stops = {v: r["stop_errors_by_length"] for v, r in results.items() if "stop_errors_by_length" in r}
+    if stops:
+        untrained = [*range(1, 4), *range(13, 25)]
+        lines += [
+            "Share of the sequences at each untrained length whose sums are all right but whose output",
+            "stops too early or too late (the rest of the misses have a wrong sum):", "",
+            "| encoding | " + " | ".join(map(str, untrained)) + " |", "|---" * (1 + len(untrained)) + "|",
+            *(f"| {v} | " + " | ".join(f"{shares[str(n)]:.2f}" for n in untrained) + " |"
+              for v, shares in stops.items()),
+            "",
+        ]
+    out.with_suffix(".md").write_text("\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -31,6 +31,8 @@ from tests.conftest import ROOT
         ("tokenize", lambda p: p["tokenize"].update(split_punctuation=True),
          r"cumsum\.tokenize\.split_punctuation: applies to kind: bpe only, not word"),
         ("prepare", lambda p: p["prepare"].update(max_length=1), r"cumsum\.prepare\.max_length: must be >="),
+        ("prepare", lambda p: p["prepare"].update(modulus=1),
+         r"cumsum\.prepare\.modulus: must be 0 \(plain sums\) or > 1"),
         ("prepare", lambda p: p["prepare"].update(seed=2**64),
          r"cumsum\.prepare\.seed: 18446744073709551616 is not in"),
         ("train", lambda p: p["train"].update(seed=-1), r"cumsum\.train\.seed: -1 is not in \[0, 2\*\*32\)"),

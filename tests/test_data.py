@@ -1,6 +1,9 @@
 """Batching, collate and the cumsum task's data and scores."""
 
+import itertools
+
 import pandas as pd
+import pytest
 import torch
 
 from lib.config import from_dict
@@ -38,8 +41,10 @@ def test_collate_shifts_right_and_pads():
     assert batch.n_tokens == 7
 
 
-def test_cumsum_splits_are_correct_and_disjoint(tmp_path, tiny_params):
-    cfg = from_dict(cumsum.PrepareConfig, tiny_params["cumsum"]["prepare"], "cumsum.prepare")
+@pytest.mark.parametrize("modulus, last_token", [(0, "72"), (10, "9")])  # 72: 9 * vocab_length
+def test_cumsum_splits_are_correct_and_disjoint(tmp_path, tiny_params, modulus, last_token):
+    cfg = from_dict(cumsum.PrepareConfig, {**tiny_params["cumsum"]["prepare"], "modulus": modulus},
+                    "cumsum.prepare")
     run_prepare("cumsum", cfg, tmp_path / "cumsum")
     splits = {s: pd.read_parquet(tmp_path / "cumsum" / f"{s}.parquet") for s in ("train", "valid", "test")}
     assert [len(splits[s]) for s in splits] == [400, 40, 60]
@@ -48,15 +53,23 @@ def test_cumsum_splits_are_correct_and_disjoint(tmp_path, tiny_params):
     assert counts.to_dict() == {1: 5, **{n: 5 for n in range(2, 9)}}  # n_per_length of each length 1..8
     assert not set(study["src"]) & set(splits["train"]["src"])
     for src, tgt in zip(study["src"], study["tgt"]):
-        assert list(map(int, tgt.split())) == cumsum.running_sums(list(map(int, src.split())))
+        assert list(map(int, tgt.split())) == running_sums(src, modulus)
     for frame in splits.values():
         for src, tgt in zip(frame["src"], frame["tgt"]):
             digits = list(map(int, src.split()))
             assert 2 <= len(digits) <= 5
-            assert list(map(int, tgt.split())) == cumsum.running_sums(digits)
+            assert list(map(int, tgt.split())) == running_sums(src, modulus)
     train, valid, test = (set(splits[s]["src"]) for s in splits)
     assert not train & valid and not train & test and not valid & test
-    assert (tmp_path / "cumsum" / "alphabet.txt").read_text().split()[-1] == "72"  # 9 * vocab_length
+    assert (tmp_path / "cumsum" / "alphabet.txt").read_text().split()[-1] == last_token
+    if modulus:
+        assert {t for tgt in splits["train"]["tgt"] for t in tgt.split()} == set("0123456789")
+
+
+def running_sums(src: str, modulus: int) -> list[int]:
+    """The expected targets, written out apart from lib's running_sums."""
+    sums = list(itertools.accumulate(map(int, src.split())))
+    return [s % modulus for s in sums] if modulus else sums
 
 
 def test_cumsum_score():
