@@ -10,7 +10,8 @@ temporary directory, prints one JSON object and writes <out>.md and <out>.png
 sequences at each untrained length have every sum right and miss only where
 the output stops. With --modulus 10 the targets are the sums' last digits, so
 that longer sequences ask for no sum that training rarely saw (see
-lib/tasks/cumsum.py): the positions alone are then tested.
+lib/tasks/cumsum.py): the positions alone are then tested. --no-source-eos
+trains without the <eos> that ends each source (tokenize.source_eos).
 The same study through DVC experiments, one queued run of the whole pipeline
 per encoding, then this page from their metrics:
     for p in sinusoidal learned rope alibi; do
@@ -50,6 +51,8 @@ def main():
     parser.add_argument("--norm-first", action="store_true", help="Pre-LN instead of the params' choice")
     parser.add_argument("--modulus", type=int, default=None,
                         help="cumsum.prepare.modulus for the data (10: targets are the sums' last digits)")
+    parser.add_argument("--source-eos", action=argparse.BooleanOptionalAction,
+                        help="cumsum.tokenize.source_eos, whether every source ends in <eos> (default: the params')")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                         help="override train params for every variant, e.g. model.dropout=0.0 label_smoothing=0")
     parser.add_argument("--out", default=str(HERE / "length_study"), help="stem of the .md and .png written")
@@ -72,6 +75,8 @@ def main():
         node[last] = yaml.safe_load(value)
     if args.modulus is not None:
         params["cumsum"]["prepare"]["modulus"] = args.modulus
+    if args.source_eos is not None:
+        params["cumsum"]["tokenize"]["source_eos"] = args.source_eos
     cfg = {stage: stage_config(params, "cumsum", stage) for stage in ("prepare", "tokenize", "train", "evaluate")}
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -95,6 +100,7 @@ def main():
     setting = "Pre-LN" if args.norm_first or cfg["train"].model.norm_first else "Post-LN"
     if cfg["prepare"].modulus:
         setting += f", sums modulo {cfg['prepare'].modulus}"
+    setting += ", sources end in <eos>" if cfg["tokenize"].source_eos else ", no <eos> on sources"
     if args.set:
         setting += ", " + ", ".join(args.set)
     write_page(results, setting, Path(args.out))
@@ -162,25 +168,30 @@ def write_page(results: dict, setting: str, out: Path):
     fig.tight_layout()
     fig.savefig(out.with_suffix(".png"), dpi=110)
     plt.close(fig)
-    header = "| encoding | test exact match | " + " | ".join(str(n) for n in range(13, 25)) + " |"
-    rule = "|---" * (2 + 12) + "|"
-    rows = [f"| {v} | {r['exact_match']:.4f} | " + " | ".join(f"{r['by_length'][str(n)]:.2f}" for n in range(13, 25))
-            + " |" for v, r in results.items()]
+    shorter, longer = range(1, 4), range(13, 25)
+    untrained = [*shorter, *longer]
+
+    def cells(shares: dict, lengths) -> str:
+        return " | ".join(f"{shares[str(n)]:.2f}" for n in lengths)
+
+    header = "| encoding | 1 | 2 | 3 | test (4-12) | " + " | ".join(map(str, longer)) + " |"
+    rule = "|---" * (2 + len(untrained)) + "|"
+    rows = [f"| {v} | {cells(r['by_length'], shorter)} | {r['exact_match']:.4f} | {cells(r['by_length'], longer)} |"
+            for v, r in results.items()]
     lines = [
         f"# Length generalisation on cumsum ({setting})", "",
         "Trained on lengths 4-12 (default cumsum params otherwise); exact-sequence match of 100 held-out",
-        "sequences at each length. Columns 13-24: lengths never seen in training.", "",
+        "sequences at each length (fewer at length 1: there are 10), and of the test split. Columns 1-3 and",
+        "13-24: lengths never seen in training.", "",
         header, rule, *rows, "", f"![accuracy by length]({out.with_suffix('.png').name})", "",
     ]
     stops = {v: r["stop_errors_by_length"] for v, r in results.items() if "stop_errors_by_length" in r}
     if stops:
-        untrained = [*range(1, 4), *range(13, 25)]
         lines += [
             "Share of the sequences at each untrained length whose sums are all right but whose output",
             "stops too early or too late (the rest of the misses have a wrong sum):", "",
             "| encoding | " + " | ".join(map(str, untrained)) + " |", "|---" * (1 + len(untrained)) + "|",
-            *(f"| {v} | " + " | ".join(f"{shares[str(n)]:.2f}" for n in untrained) + " |"
-              for v, shares in stops.items()),
+            *(f"| {v} | {cells(shares, untrained)} |" for v, shares in stops.items()),
             "",
         ]
     out.with_suffix(".md").write_text("\n".join(lines))

@@ -156,6 +156,7 @@ class TokenizeConfig:
     vocab_size: int = 0  # bpe only: the vocabulary's size, special tokens included
     joint: bool = True  # parallel tasks: one vocabulary for both languages; False: one per side
     split_punctuation: bool = False  # bpe only: punctuation is its own piece ("▁dog" "."), never merged into a word
+    source_eos: bool = False  # parallel tasks: every source ends in <eos>, marking for the decoder where it ends
 
     def __post_init__(self):
         choose(self.kind, "kind", ("word", "char", "bpe"))

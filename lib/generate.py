@@ -23,7 +23,7 @@ from lib.checkpoint import atomic_path
 from lib.data import utf8_text
 from lib.decoding import sample, translate
 from lib.tasks import get_task
-from lib.tokenizer import decode, special_ids, unknown_words
+from lib.tokenizer import decode, encode_sources, special_ids, unknown_words
 
 
 def read_lines(path: str) -> list[str]:
@@ -55,7 +55,7 @@ def translate_lines(model, tokenizers, lines: list[str], beam_size: int, alpha: 
     """One output per line, and the messages about the lines left empty or read in part as <unk>."""
     ids = special_ids(tokenizers)
     texts = [unicodedata.normalize("NFC", line).strip() for line in lines]
-    encodings = tokenizers.source.encode_batch(texts, add_special_tokens=False)
+    encodings = encode_sources(tokenizers, texts)
     encoded = [e.ids for e in encodings]
     keep, messages = [], []
     for number, (text, tokens, encoding) in enumerate(zip(texts, encoded, encodings), start=1):

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Iterable
 
 import torch
-from tokenizers import Encoding, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Encoding, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from lib.checkpoint import atomic_dir
-from lib.config import TokenizeConfig
+from lib.config import ConfigError, TokenizeConfig
 from lib.data import Pairs
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
@@ -129,9 +129,18 @@ def unknown_words(text: str, encoding: Encoding, unk: int) -> list[str]:
     return [text[start:end] for start, end in spans]
 
 
+def encode_sources(tokenizers: Tokenizers, texts: list[str]) -> list[Encoding]:
+    """Sources as the model reads them: ending in <eos> where the tokenize stage said so (``source_eos``).
+
+    The source side's post-processor adds it, so the tokenizer file, not the
+    calling code, decides; targets are encoded without specials."""
+    return tokenizers.source.encode_batch(texts, add_special_tokens=True)
+
+
 def encode_pairs(tokenizers: Tokenizers, frame) -> Pairs:
     """A parallel split (columns src, tgt) as token ids."""
-    return Pairs(encode(tokenizers.source, frame["src"].tolist()), encode(tokenizers.target, frame["tgt"].tolist()))
+    sources = [e.ids for e in encode_sources(tokenizers, frame["src"].tolist())]
+    return Pairs(sources, encode(tokenizers.target, frame["tgt"].tolist()))
 
 
 def encode_text(tokenizer: Tokenizer, text: str) -> torch.Tensor:
@@ -148,6 +157,8 @@ def run(task: str, cfg: TokenizeConfig, data_dir: str | Path, out_dir: str | Pat
     from lib.tasks import get_task  # tasks read data through this module: import here
 
     module = get_task(task)
+    if cfg.source_eos and module.KIND == "lm":
+        raise ConfigError(f"{task}.tokenize.source_eos: applies to translation tasks, not {task} (a language model)")
     if cfg.joint or module.KIND == "lm":
         joint = train_tokenizer(cfg, module.tokenizer_texts(cfg, data_dir, "both"))
         files, tokenizers = {JOINT: joint}, Tokenizers(joint, joint)
@@ -157,6 +168,9 @@ def run(task: str, cfg: TokenizeConfig, data_dir: str | Path, out_dir: str | Pat
         files = {SOURCE: tokenizers.source, TARGET: tokenizers.target}
     for tokenizer in files.values():
         special_ids(tokenizer)
+    if cfg.source_eos:
+        eos = (EOS, tokenizers.source.token_to_id(EOS))
+        tokenizers.source.post_processor = processors.TemplateProcessing(single=f"$A {EOS}", special_tokens=[eos])
     with atomic_dir(out_dir) as tmp:
         for name, tokenizer in files.items():
             tokenizer.save(str(tmp / name))

@@ -133,7 +133,8 @@ def test_lm_stages_write_metrics_samples_and_report(lm_built):
 
 
 def test_prompts_and_passage_that_the_model_cannot_take_are_named(lm_built, tmp_path):
-    """An empty prompt, or a heatmap passage longer than the training blocks: named before anything is written."""
+    """An empty prompt, a heatmap passage longer than the training blocks, or an <eos> for sources an LM does
+    not have: named before anything is written."""
     with pytest.raises(ConfigError, match=r"shakespeare\.evaluate\.prompts: an empty prompt"):
         from_dict(LMEvaluateConfig, {"prompts": ["ROMEO:", ""], "max_new_tokens": 5, "temperature": 1.0,
                                      "top_k": 0, "seed": 0}, "shakespeare.evaluate")
@@ -142,6 +143,11 @@ def test_prompts_and_passage_that_the_model_cannot_take_are_named(lm_built, tmp_
         reporting.run("shakespeare", LMReportConfig(passage_tokens=17), lm_built["data"], lm_built["tok"],
                       lm_built["model"], lm_built["metrics"], lm_built["samples"], lm_built["live"], report, figures)
     assert not report.exists() and list(figures.iterdir()) == []
+    out = tmp_path / "tok"
+    with pytest.raises(ConfigError, match=r"shakespeare\.tokenize\.source_eos: applies to translation tasks"):
+        tokenizer.run("shakespeare", TokenizeConfig(kind="char", min_frequency=1, source_eos=True),
+                      lm_built["data"], out)
+    assert not out.exists()
 
 
 @pytest.mark.parametrize("content, message", [

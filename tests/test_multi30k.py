@@ -7,6 +7,7 @@ import subprocess
 import sys
 import unicodedata
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -15,6 +16,7 @@ import yaml
 
 from lib import checkpoint, evaluation, reporting, tokenizer, training
 from lib.config import ConfigError, ReportConfig, stage_config
+from lib.data import read_split
 from lib.tasks import multi30k, run_prepare
 from tests.conftest import ROOT
 
@@ -250,6 +252,26 @@ def test_real_multi30k_loads_and_bpe_round_trips(tmp_path):
         texts = test[column].tolist()
         decoded = tokenizer.decode(side, tokenizer.encode(side, texts))
         assert sum(d == t for d, t in zip(decoded, texts)) / len(texts) >= 0.999
+
+
+@pytest.mark.parametrize("joint, source_eos", [(True, True), (False, True), (True, False)])
+def test_source_eos_ends_every_source_the_model_reads(tmp_path, corpus, monkeypatch, joint, source_eos):
+    """tokenize.source_eos is kept in the tokenizer file (its source side's post-processor), so training,
+    evaluation and lib.generate all give the model the same sources; targets never get the <eos>."""
+    from lib import generate
+
+    params = tiny_params(corpus, joint=joint)
+    params["multi30k"]["tokenize"]["source_eos"] = source_eos
+    data, tok, *_ = build(tmp_path, params)
+    toks = tokenizer.load_tokenizers(tok)
+    eos = tokenizer.special_ids(toks).eos
+    pairs = tokenizer.encode_pairs(toks, read_split(data, "train"))
+    assert [s[-1] == eos for s in pairs.src] == [source_eos] * len(pairs.src)
+    assert not any(eos in s[:-1] for s in pairs.src) and not any(eos in t for t in pairs.tgt)
+    seen = []
+    monkeypatch.setattr(generate, "translate", lambda _, sources, *args: seen.extend(sources) or [[]] * len(sources))
+    generate.translate_lines(SimpleNamespace(cfg=SimpleNamespace(max_len=64)), toks, GERMAN[:2], 1, 0.0, 5, 1000)
+    assert seen == tokenizer.encode_pairs(toks, pd.DataFrame({"src": GERMAN[:2], "tgt": ["", ""]})).src
 
 
 @pytest.fixture
