@@ -30,7 +30,6 @@ from datetime import date
 from pathlib import Path
 
 import matplotlib
-import pandas as pd
 import yaml
 
 matplotlib.use("Agg")
@@ -39,7 +38,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from lib import checkpoint, evaluation, tokenizer, training  # noqa: E402
 from lib.config import load_params, stage_config  # noqa: E402
 from lib.data import read_split  # noqa: E402
-from lib.tasks import run_prepare  # noqa: E402
+from lib.tasks import cumsum, run_prepare  # noqa: E402
 from lib.tokenizer import encode_pairs, special_ids  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -115,9 +114,8 @@ def stop_errors(cfg, tmp: Path, model_path: Path) -> dict:
     study = read_split(tmp / "data", "lengths")
     hypotheses = evaluation.translate_texts(model, encode_pairs(tokenizers, study), special_ids(tokenizers),
                                             tokenizers.target, cfg)
-    frame = pd.DataFrame({"length": study["src"].str.split().str.len(),
-                          "stop": [wrong_stop_only(h.split(), r.split()) for h, r in zip(hypotheses, study["tgt"])]})
-    return {str(length): float(share) for length, share in frame.groupby("length")["stop"].mean().items()}
+    stops = [wrong_stop_only(h.split(), r.split()) for h, r in zip(hypotheses, study["tgt"])]
+    return cumsum.share_by_length(study["src"].tolist(), stops)
 
 
 def wrong_stop_only(hypothesis: list[str], reference: list[str]) -> bool:

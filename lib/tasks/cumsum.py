@@ -118,11 +118,15 @@ def length_study(cfg: PrepareConfig, train: set, generator: torch.Generator) -> 
     return rows
 
 
+def share_by_length(sources: list[str], flags: list[bool]) -> dict:
+    """{"1": share of the sequences with 1 digit whose flag is set, ...}"""
+    frame = pd.DataFrame({"length": [len(s.split()) for s in sources], "flag": flags})
+    return {str(length): float(share) for length, share in frame.groupby("length")["flag"].mean().items()}
+
+
 def exact_match_by_length(sources: list[str], hypotheses: list[str], references: list[str]) -> dict:
     """{"1": exact match of the sequences with 1 digit, ...}"""
-    frame = pd.DataFrame({"length": [len(s.split()) for s in sources],
-                          "exact": [h == r for h, r in zip(hypotheses, references)]})
-    return {str(length): float(acc) for length, acc in frame.groupby("length")["exact"].mean().items()}
+    return share_by_length(sources, [h == r for h, r in zip(hypotheses, references)])
 
 
 def extra_metrics(translate, data_dir: Path) -> dict:
