@@ -11,7 +11,9 @@ sequences at each untrained length have every sum right and miss only where
 the output stops. With --modulus 10 the targets are the sums' last digits, so
 that longer sequences ask for no sum that training rarely saw (see
 lib/tasks/cumsum.py): the positions alone are then tested. --no-source-eos
-trains without the <eos> that ends each source (tokenize.source_eos).
+trains without the <eos> that ends each source (tokenize.source_eos). A variant
+may carry model params of its own (rope,rope_base=1000000), and --set reaches
+the other stages' params too (prepare.vocab_length=40: study lengths 1-40).
 The same study through DVC experiments, one queued run of the whole pipeline
 per encoding, then this page from their metrics:
     for p in sinusoidal learned rope alibi; do
@@ -21,7 +23,7 @@ per encoding, then this page from their metrics:
 """
 
 import argparse
-import dataclasses
+import copy
 import json
 import subprocess
 import tempfile
@@ -46,47 +48,53 @@ HERE = Path(__file__).resolve().parent
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--variants", nargs="+", default=["sinusoidal", "learned", "rope", "alibi"])
+    parser.add_argument("--variants", nargs="+", default=["sinusoidal", "learned", "rope", "alibi"],
+                        help="position encodings, each optionally with model params of its own: "
+                             "rope,rope_base=1000")
     parser.add_argument("--norm-first", action="store_true", help="Pre-LN instead of the params' choice")
     parser.add_argument("--modulus", type=int, default=None,
                         help="cumsum.prepare.modulus for the data (10: targets are the sums' last digits)")
     parser.add_argument("--source-eos", action=argparse.BooleanOptionalAction,
                         help="cumsum.tokenize.source_eos, whether every source ends in <eos> (default: the params')")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
-                        help="override train params for every variant, e.g. model.dropout=0.0 label_smoothing=0")
+                        help="override cumsum.train params for every variant, e.g. model.dropout=0.0 "
+                             "label_smoothing=0; or another stage's: prepare.vocab_length=40 (study lengths 1-40)")
     parser.add_argument("--out", default=str(HERE / "length_study"), help="stem of the .md and .png written")
     parser.add_argument("--from-exps", nargs="+", metavar="NAME",
                         help="read these DVC experiments' metrics (dvc exp show) instead of training")
     args = parser.parse_args()
+    params = load_params(HERE.parent / "params.yaml")
     if args.from_exps:
         results = experiment_results(args.from_exps)
-        write_page(results, "DVC experiments " + ", ".join(args.from_exps), Path(args.out))
+        write_page(results, "DVC experiments " + ", ".join(args.from_exps), stage_config(params, "cumsum", "prepare"),
+                   Path(args.out))
         print(json.dumps({"benchmark": "length_study", "date": date.today().isoformat(), "results": results},
                          indent=2))
         return
-    params = load_params(HERE.parent / "params.yaml")
     for item in args.set:
         key, value = item.split("=", 1)
-        *path, last = ["cumsum", "train", *key.split(".")]
-        node = params
-        for part in path:
-            node = node[part]
-        node[last] = yaml.safe_load(value)
+        section = [] if key.split(".")[0] in ("prepare", "tokenize", "evaluate") else ["train"]
+        override(params, ["cumsum", *section, *key.split(".")], value)
     if args.modulus is not None:
         params["cumsum"]["prepare"]["modulus"] = args.modulus
     if args.source_eos is not None:
         params["cumsum"]["tokenize"]["source_eos"] = args.source_eos
-    cfg = {stage: stage_config(params, "cumsum", stage) for stage in ("prepare", "tokenize", "train", "evaluate")}
+    if args.norm_first:
+        params["cumsum"]["train"]["model"]["norm_first"] = True
+    cfg = {stage: stage_config(params, "cumsum", stage) for stage in ("prepare", "tokenize", "evaluate")}
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         run_prepare("cumsum", cfg["prepare"], tmp / "data")
         tokenizer.run("cumsum", cfg["tokenize"], tmp / "data", tmp / "tok")
         for variant in args.variants:
-            model = dataclasses.replace(cfg["train"].model, positional=variant,
-                                        norm_first=args.norm_first or cfg["train"].model.norm_first)
-            train_cfg = dataclasses.replace(cfg["train"], model=model)
-            run_dir = tmp / variant
+            positional, *model_sets = variant.split(",")
+            variant_params = copy.deepcopy(params)
+            for item in [f"positional={positional}", *model_sets]:
+                key, value = item.split("=", 1)
+                override(variant_params, ["cumsum", "train", "model", *key.split(".")], value)
+            train_cfg = stage_config(variant_params, "cumsum", "train")  # checked like params.yaml
+            run_dir = tmp / f"run{len(results)}"
             start = time.perf_counter()
             training.run("cumsum", train_cfg, tmp / "data", tmp / "tok", run_dir / "model.pt",
                          run_dir / "ckpt", run_dir / "live")
@@ -96,31 +104,44 @@ def main():
             results[variant] = {"train_s": round(seconds, 1), "exact_match": metrics["greedy"]["exact_match"],
                                 "by_length": metrics["by_length"],
                                 "stop_errors_by_length": stop_errors(cfg["evaluate"], tmp, run_dir / "model.pt")}
-    setting = "Pre-LN" if args.norm_first or cfg["train"].model.norm_first else "Post-LN"
+    setting = "Pre-LN" if params["cumsum"]["train"]["model"]["norm_first"] else "Post-LN"
     if cfg["prepare"].modulus:
         setting += f", sums modulo {cfg['prepare'].modulus}"
     setting += ", sources end in <eos>" if cfg["tokenize"].source_eos else ", no <eos> on sources"
     if args.set:
         setting += ", " + ", ".join(args.set)
-    write_page(results, setting, Path(args.out))
+    write_page(results, setting, cfg["prepare"], Path(args.out))
     print(json.dumps({"benchmark": "length_study", "date": date.today().isoformat(), "setting": setting,
                       "results": results}, indent=2))
 
 
+def override(params: dict, path: list[str], value: str):
+    """params[path[0]]...[path[-1]] = value, read as YAML (so 1000 is a number, false a bool)."""
+    *parents, last = path
+    node = params
+    for part in parents:
+        node = node[part]
+    node[last] = yaml.safe_load(value)
+
+
 def stop_errors(cfg, tmp: Path, model_path: Path) -> dict:
-    """{"1": share of the length-1 sequences whose every sum is right but whose output stops too early
-    or too late, ...}: the part of the misses at a length that is about where the output ends."""
+    """{"early": {"1": share of the length-1 sequences whose every sum is right but whose output stops
+    too early, ...}, "late": {... stops too late}}: the misses at a length that are about where the output ends."""
     model, tokenizers, _ = checkpoint.load_trained(model_path, tmp / "tok")
     study = read_split(tmp / "data", "lengths")
     hypotheses = evaluation.translate_texts(model, encode_pairs(tokenizers, study), special_ids(tokenizers),
                                             tokenizers.target, cfg)
-    stops = [wrong_stop_only(h.split(), r.split()) for h, r in zip(hypotheses, study["tgt"])]
-    return cumsum.share_by_length(study["src"].tolist(), stops)
+    stops = [wrong_stop(h.split(), r.split()) for h, r in zip(hypotheses, study["tgt"])]
+    return {side: cumsum.share_by_length(study["src"].tolist(), [stop == side for stop in stops])
+            for side in ("early", "late")}
 
 
-def wrong_stop_only(hypothesis: list[str], reference: list[str]) -> bool:
-    """Every token the two share is right, and one is longer: the model stopped at the wrong place."""
-    return len(hypothesis) != len(reference) and all(h == r for h, r in zip(hypothesis, reference))
+def wrong_stop(hypothesis: list[str], reference: list[str]) -> str | None:
+    """"early" or "late" when every token the two share is right and the output stops in the wrong place
+    (the reference is longer, or shorter); None when it stops right or a sum is wrong."""
+    if len(hypothesis) == len(reference) or any(h != r for h, r in zip(hypothesis, reference)):
+        return None
+    return "early" if len(hypothesis) < len(reference) else "late"
 
 
 def experiment_results(names: list[str]) -> dict:
@@ -153,12 +174,14 @@ def experiment_results(names: list[str]) -> dict:
     return results
 
 
-def write_page(results: dict, setting: str, out: Path):
-    fig, ax = plt.subplots(figsize=(8, 4))
-    lengths = list(range(1, 25))
+def write_page(results: dict, setting: str, prepare, out: Path):
+    """<out>.md and <out>.png: exact match at every study length, marking the trained ones (``prepare``'s)."""
+    lo, hi = prepare.min_length, prepare.max_length
+    lengths = sorted(int(n) for n in next(iter(results.values()))["by_length"])
+    fig, ax = plt.subplots(figsize=(max(8, len(lengths) / 3), 4))
     for variant, r in results.items():
         ax.plot(lengths, [r["by_length"][str(n)] for n in lengths], "o-", markersize=3, label=variant)
-    ax.axvspan(3.5, 12.5, color="tab:green", alpha=0.1, label="trained lengths")
+    ax.axvspan(lo - 0.5, hi + 0.5, color="tab:green", alpha=0.1, label="trained lengths")
     ax.set(xlabel="sequence length", ylabel="exact-sequence match", ylim=(-0.02, 1.02), xticks=lengths,
            title=f"cumsum length generalisation by position encoding ({setting})")
     ax.grid(alpha=0.3)
@@ -166,30 +189,37 @@ def write_page(results: dict, setting: str, out: Path):
     fig.tight_layout()
     fig.savefig(out.with_suffix(".png"), dpi=110)
     plt.close(fig)
-    shorter, longer = range(1, 4), range(13, 25)
+    shorter, longer = [n for n in lengths if n < lo], [n for n in lengths if n > hi]
     untrained = [*shorter, *longer]
 
-    def cells(shares: dict, lengths) -> str:
-        return " | ".join(f"{shares[str(n)]:.2f}" for n in lengths)
+    def share(shares: dict, n: int) -> str:
+        return f"{shares[str(n)]:.2f}"
 
-    header = "| encoding | 1 | 2 | 3 | test (4-12) | " + " | ".join(map(str, longer)) + " |"
-    rule = "|---" * (2 + len(untrained)) + "|"
-    rows = [f"| {v} | {cells(r['by_length'], shorter)} | {r['exact_match']:.4f} | {cells(r['by_length'], longer)} |"
-            for v, r in results.items()]
+    def stop(stops: dict, n: int) -> str:  # "0.40 early", "0.10 late", both, or 0.00
+        return " ".join(f"{stops[side][str(n)]:.2f} {side}" for side in ("early", "late")
+                        if stops[side][str(n)] > 0) or "0.00"
+
+    def table(head: list[str], rows: list[list[str]]) -> list[str]:
+        return ["| " + " | ".join(head) + " |", "|---" * len(head) + "|", *("| " + " | ".join(r) + " |" for r in rows)]
+
+    spans = " and ".join(f"{span[0]}-{span[-1]}" for span in (shorter, longer) if span)
     lines = [
         f"# Length generalisation on cumsum ({setting})", "",
-        "Trained on lengths 4-12 (default cumsum params otherwise); exact-sequence match of 100 held-out",
-        "sequences at each length (fewer at length 1: there are 10), and of the test split. Columns 1-3 and",
-        "13-24: lengths never seen in training.", "",
-        header, rule, *rows, "", f"![accuracy by length]({out.with_suffix('.png').name})", "",
+        f"Trained on lengths {lo}-{hi} (default cumsum params otherwise); exact-sequence match of",
+        f"{prepare.n_per_length} held-out sequences at each length (fewer where fewer exist: 10 of",
+        f"length 1), and of the test split. Columns {spans}: lengths never seen in training.", "",
+        *table(["encoding", *map(str, shorter), f"test ({lo}-{hi})", *map(str, longer)],
+               [[v, *(share(r["by_length"], n) for n in shorter), f"{r['exact_match']:.4f}",
+                 *(share(r["by_length"], n) for n in longer)] for v, r in results.items()]),
+        "", f"![accuracy by length]({out.with_suffix('.png').name})", "",
     ]
     stops = {v: r["stop_errors_by_length"] for v, r in results.items() if "stop_errors_by_length" in r}
     if stops:
         lines += [
             "Share of the sequences at each untrained length whose sums are all right but whose output",
             "stops too early or too late (the rest of the misses have a wrong sum):", "",
-            "| encoding | " + " | ".join(map(str, untrained)) + " |", "|---" * (1 + len(untrained)) + "|",
-            *(f"| {v} | {cells(shares, untrained)} |" for v, shares in stops.items()),
+            *table(["encoding", *map(str, untrained)], [[v, *(stop(shares, n) for n in untrained)]
+                                                         for v, shares in stops.items()]),
             "",
         ]
     out.with_suffix(".md").write_text("\n".join(lines))

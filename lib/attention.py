@@ -113,7 +113,7 @@ class MultiHeadAttention(nn.Module):
     """
 
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, fused_qkv: bool = True,
-                 positional: str = "sinusoidal", max_len: int = 0, bias: bool = True):
+                 positional: str = "sinusoidal", max_len: int = 0, bias: bool = True, rope_base: float = 10000.0):
         """``positional`` rope or alibi acts here, in self and cross attention alike: in
         cross attention it compares the decoder position with the source position, a
         prior for monotonic alignment. Other values leave positions to the embeddings."""
@@ -122,7 +122,7 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"d_model {d_model} is not divisible by n_heads {n_heads}")
         self.n_heads = n_heads
         self.fused_qkv = fused_qkv
-        self.rotary = RotaryEmbedding(d_model // n_heads, max_len) if positional == "rope" else None
+        self.rotary = RotaryEmbedding(d_model // n_heads, max_len, rope_base) if positional == "rope" else None
         if positional == "alibi":
             self.register_buffer("alibi_slopes", alibi_slopes(n_heads), persistent=False)
         else:

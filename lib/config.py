@@ -121,6 +121,9 @@ class ModelConfig:
     fused_qkv: bool  # one (3C, C) input projection instead of three (C, C)
     max_len: int  # longest sequence the model accepts (and the position tables cover)
     positional: str = "sinusoidal"  # sinusoidal | learned (added to embeddings) | rope | alibi (inside attention)
+    # rope only: feature pair i turns by base^(-2i/D) a position. The fastest pair always turns by 1 radian,
+    # so the base sets at which offsets the fast pairs come round together (about 19 at 10,000 with D = 16).
+    rope_base: float = 10000.0
     # On the feed-forward's inner activation (tensor2tensor's "relu dropout"; not in the paper). On a
     # CPU its random mask, d_ff wide, costs more than all the other dropout together.
     activation_dropout: float = 0.0
@@ -143,6 +146,7 @@ class ModelConfig:
         require(0.0 <= self.activation_dropout < 1.0, "activation_dropout", "must be in [0, 1)")
         if self.positional == "rope":
             require(self.head_dim % 2 == 0, "positional", f"rope needs an even head width, not {self.head_dim}")
+        require(self.rope_base > 1.0, "rope_base", f"must be > 1 (each feature pair turning slower), not {self.rope_base}")
 
     @property
     def head_dim(self) -> int:

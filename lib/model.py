@@ -61,7 +61,7 @@ class FeedForward(nn.Module):
 
 def attention(cfg: ModelConfig) -> MultiHeadAttention:
     return MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.fused_qkv, cfg.positional, cfg.max_len,
-                              cfg.bias)
+                              cfg.bias, cfg.rope_base)
 
 
 def feed_forward(cfg: ModelConfig) -> FeedForward:

@@ -1,12 +1,16 @@
 """Attention: masks, the pure function, and parity with torch.nn.MultiheadAttention."""
 
+import math
+
 import pytest
 import torch
 from torch import nn
 
 from lib.attention import (MultiHeadAttention, RotaryEmbedding, alibi_bias, alibi_slopes,
                            scaled_dot_product_attention)
+from lib.config import ModelConfig
 from lib.masks import causal_mask, padding_mask, target_mask
+from lib.model import build_model
 
 PAD = 0
 
@@ -106,6 +110,26 @@ def test_rope_scores_depend_only_on_the_offset():
         assert torch.allclose(scores, shifted, atol=1e-4)
     assert not torch.allclose(scores, q @ k.transpose(-2, -1), atol=1e-3)  # it does rotate
     assert torch.allclose(rope(q, positions).norm(dim=-1), q.norm(dim=-1), atol=1e-5)  # a rotation
+
+
+@pytest.mark.parametrize("base", [10000.0, 100.0])
+def test_rope_turns_pair_i_by_position_times_base_power(base):
+    """model.rope_base reaches every attention's RoPE: feature pair i of a head turns by p * base^(-2i/D)."""
+    cfg = ModelConfig(d_model=32, n_heads=2, encoder_layers=1, decoder_layers=1, d_ff=32, dropout=0.0,
+                      norm_first=False, tie_embeddings=True, fused_qkv=True, max_len=40, positional="rope",
+                      rope_base=base)
+    model = build_model(cfg, "seq2seq", 11, 11, joint_vocab=True)
+    rotaries = [m.rotary for m in model.modules() if isinstance(m, MultiHeadAttention)]
+    assert len(rotaries) == 3  # encoder self, decoder self, cross
+    D, p = 16, 23
+    for i in (0, 1, 5):
+        unit = torch.zeros(1, 1, 1, D)
+        unit[..., 2 * i] = 1.0  # the first feature of pair i
+        angle = p * base ** (-2 * i / D)
+        for rotary in rotaries:
+            turned = rotary(unit, torch.tensor([p]))[0, 0, 0]
+            assert turned[2 * i].item() == pytest.approx(math.cos(angle), abs=1e-5)
+            assert turned[2 * i + 1].item() == pytest.approx(math.sin(angle), abs=1e-5)
 
 
 def test_alibi_matches_its_closed_form():

@@ -20,6 +20,7 @@ from tests.conftest import ROOT
         ("train", lambda p: p["train"]["model"].update(n_heads=3), r"cumsum\.train\.model\.d_model: 16 is not divisible"),
         ("train", lambda p: p["train"]["model"].update(dropout=1.0), r"cumsum\.train\.model\.dropout: must be in \[0, 1\)"),
         ("train", lambda p: p["train"].update(max_tokens=0), r"cumsum\.train\.max_tokens: must be > 0"),
+        ("train", lambda p: p["train"]["model"].update(rope_base=1), r"cumsum\.train\.model\.rope_base: must be > 1"),
         ("train", lambda p: p["train"].update(device="tpu"), r"cumsum\.train\.device: 'tpu' is not one of"),
         ("train", lambda p: p["train"].update(peak_tflops="auto"),
          r"cumsum\.train\.peak_tflops: 'auto' is neither a number >= 0 nor 'measure'"),
