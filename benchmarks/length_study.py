@@ -174,13 +174,21 @@ def experiment_results(names: list[str]) -> dict:
     return results
 
 
+def by_number(shares: dict) -> dict:
+    """{"01": x, ...} (or "1", as metrics were written before their keys were padded) -> {1: x, ...}"""
+    return {int(length): share for length, share in shares.items()}
+
+
 def write_page(results: dict, setting: str, prepare, out: Path):
     """<out>.md and <out>.png: exact match at every study length, marking the trained ones (``prepare``'s)."""
     lo, hi = prepare.min_length, prepare.max_length
-    lengths = sorted(int(n) for n in next(iter(results.values()))["by_length"])
+    exact = {v: by_number(r["by_length"]) for v, r in results.items()}
+    stops = {v: {side: by_number(shares) for side, shares in r["stop_errors_by_length"].items()}
+             for v, r in results.items() if "stop_errors_by_length" in r}
+    lengths = sorted(next(iter(exact.values())))
     fig, ax = plt.subplots(figsize=(max(8, len(lengths) / 3), 4))
-    for variant, r in results.items():
-        ax.plot(lengths, [r["by_length"][str(n)] for n in lengths], "o-", markersize=3, label=variant)
+    for variant, shares in exact.items():
+        ax.plot(lengths, [shares[n] for n in lengths], "o-", markersize=3, label=variant)
     ax.axvspan(lo - 0.5, hi + 0.5, color="tab:green", alpha=0.1, label="trained lengths")
     ax.set(xlabel="sequence length", ylabel="exact-sequence match", ylim=(-0.02, 1.02), xticks=lengths,
            title=f"cumsum length generalisation by position encoding ({setting})")
@@ -192,12 +200,8 @@ def write_page(results: dict, setting: str, prepare, out: Path):
     shorter, longer = [n for n in lengths if n < lo], [n for n in lengths if n > hi]
     untrained = [*shorter, *longer]
 
-    def share(shares: dict, n: int) -> str:
-        return f"{shares[str(n)]:.2f}"
-
-    def stop(stops: dict, n: int) -> str:  # "0.40 early", "0.10 late", both, or 0.00
-        return " ".join(f"{stops[side][str(n)]:.2f} {side}" for side in ("early", "late")
-                        if stops[side][str(n)] > 0) or "0.00"
+    def stop(sides: dict, n: int) -> str:  # "0.40 early", "0.10 late", both, or 0.00
+        return " ".join(f"{sides[side][n]:.2f} {side}" for side in ("early", "late") if sides[side][n] > 0) or "0.00"
 
     def table(head: list[str], rows: list[list[str]]) -> list[str]:
         return ["| " + " | ".join(head) + " |", "|---" * len(head) + "|", *("| " + " | ".join(r) + " |" for r in rows)]
@@ -209,17 +213,16 @@ def write_page(results: dict, setting: str, prepare, out: Path):
         f"{prepare.n_per_length} held-out sequences at each length (fewer where fewer exist: 10 of",
         f"length 1), and of the test split. Columns {spans}: lengths never seen in training.", "",
         *table(["encoding", *map(str, shorter), f"test ({lo}-{hi})", *map(str, longer)],
-               [[v, *(share(r["by_length"], n) for n in shorter), f"{r['exact_match']:.4f}",
-                 *(share(r["by_length"], n) for n in longer)] for v, r in results.items()]),
+               [[v, *(f"{exact[v][n]:.2f}" for n in shorter), f"{r['exact_match']:.4f}",
+                 *(f"{exact[v][n]:.2f}" for n in longer)] for v, r in results.items()]),
         "", f"![accuracy by length]({out.with_suffix('.png').name})", "",
     ]
-    stops = {v: r["stop_errors_by_length"] for v, r in results.items() if "stop_errors_by_length" in r}
     if stops:
         lines += [
             "Share of the sequences at each untrained length whose sums are all right but whose output",
             "stops too early or too late (the rest of the misses have a wrong sum):", "",
-            *table(["encoding", *map(str, untrained)], [[v, *(stop(shares, n) for n in untrained)]
-                                                         for v, shares in stops.items()]),
+            *table(["encoding", *map(str, untrained)], [[v, *(stop(sides, n) for n in untrained)]
+                                                         for v, sides in stops.items()]),
             "",
         ]
     out.with_suffix(".md").write_text("\n".join(lines))

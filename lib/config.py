@@ -122,7 +122,8 @@ class ModelConfig:
     max_len: int  # longest sequence the model accepts (and the position tables cover)
     positional: str = "sinusoidal"  # sinusoidal | learned (added to embeddings) | rope | alibi (inside attention)
     # rope only: feature pair i turns by base^(-2i/D) a position. The fastest pair always turns by 1 radian,
-    # so the base sets at which offsets the fast pairs come round together (about 19 at 10,000 with D = 16).
+    # so the base sets at which offsets the fast pairs come round together (about 19 at 10,000 with D = 16),
+    # where a model trained on shorter sequences may read a far token as a near one (RESULTS.md, tenth session).
     rope_base: float = 10000.0
     # On the feed-forward's inner activation (tensor2tensor's "relu dropout"; not in the paper). On a
     # CPU its random mask, d_ff wide, costs more than all the other dropout together.

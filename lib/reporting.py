@@ -145,9 +145,10 @@ def attention_maps(model, batch, ids) -> dict[str, list[torch.Tensor]]:
 
 
 def plot_by_length(by_length: dict, trained: tuple[int, int], out: Path):
-    lengths = sorted(int(k) for k in by_length)
+    shares = {int(k): v for k, v in by_length.items()}  # "01" (or "1", before padding) -> 1
+    lengths = sorted(shares)
     fig, ax = plt.subplots(figsize=(7, 3.5))
-    ax.plot(lengths, [by_length[str(n)] for n in lengths], "o-")
+    ax.plot(lengths, [shares[n] for n in lengths], "o-")
     ax.axvspan(trained[0] - 0.5, trained[1] + 0.5, color="tab:green", alpha=0.12, label="lengths seen in training")
     ax.legend(loc="center right")
     ax.set(xlabel="sequence length (tokens)", ylabel="exact-sequence match", ylim=(-0.02, 1.02),

@@ -119,13 +119,17 @@ def length_study(cfg: PrepareConfig, train: set, generator: torch.Generator) -> 
 
 
 def share_by_length(sources: list[str], flags: list[bool]) -> dict:
-    """{"1": share of the sequences with 1 digit whose flag is set, ...}"""
+    """{"01": share of the sequences with 1 digit whose flag is set, ..., "24": ...}. The lengths are
+    zero-padded to one width, so that `dvc metrics show` and `dvc exp show`, which sort their columns as
+    text, list by_length.01 ... by_length.24 in order (not 1, 10, 11, ..., 2)."""
     frame = pd.DataFrame({"length": [len(s.split()) for s in sources], "flag": flags})
-    return {str(length): float(share) for length, share in frame.groupby("length")["flag"].mean().items()}
+    shares = frame.groupby("length")["flag"].mean()
+    width = len(str(shares.index.max()))
+    return {f"{length:0{width}d}": float(share) for length, share in shares.items()}
 
 
 def exact_match_by_length(sources: list[str], hypotheses: list[str], references: list[str]) -> dict:
-    """{"1": exact match of the sequences with 1 digit, ...}"""
+    """{"01": exact match of the sequences with 1 digit, ...} (see share_by_length)"""
     return share_by_length(sources, [h == r for h, r in zip(hypotheses, references)])
 
 
