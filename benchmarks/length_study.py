@@ -38,7 +38,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from lib import checkpoint, evaluation, tokenizer, training  # noqa: E402
-from lib.config import load_params, stage_config  # noqa: E402
+from lib.config import ConfigError, load_params, stage_config  # noqa: E402
 from lib.data import read_split  # noqa: E402
 from lib.tasks import cumsum, run_prepare  # noqa: E402
 from lib.tokenizer import encode_pairs, special_ids  # noqa: E402
@@ -72,28 +72,26 @@ def main():
                          indent=2))
         return
     for item in args.set:
-        key, value = item.split("=", 1)
-        section = [] if key.split(".")[0] in ("prepare", "tokenize", "evaluate") else ["train"]
-        override(params, ["cumsum", *section, *key.split(".")], value)
+        section = [] if item.split(".")[0] in ("prepare", "tokenize", "evaluate") else ["train"]
+        override(params, ["cumsum", *section], item, parser)
     if args.modulus is not None:
         params["cumsum"]["prepare"]["modulus"] = args.modulus
     if args.source_eos is not None:
         params["cumsum"]["tokenize"]["source_eos"] = args.source_eos
     if args.norm_first:
         params["cumsum"]["train"]["model"]["norm_first"] = True
-    cfg = {stage: stage_config(params, "cumsum", stage) for stage in ("prepare", "tokenize", "evaluate")}
+    try:  # every variant's params are checked, as params.yaml is, before any work
+        cfg = {stage: stage_config(params, "cumsum", stage) for stage in ("prepare", "tokenize", "evaluate")}
+        train_cfgs = {variant: stage_config(variant_params(params, variant, parser), "cumsum", "train")
+                      for variant in args.variants}
+    except ConfigError as error:
+        parser.error(str(error))
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         run_prepare("cumsum", cfg["prepare"], tmp / "data")
         tokenizer.run("cumsum", cfg["tokenize"], tmp / "data", tmp / "tok")
-        for variant in args.variants:
-            positional, *model_sets = variant.split(",")
-            variant_params = copy.deepcopy(params)
-            for item in [f"positional={positional}", *model_sets]:
-                key, value = item.split("=", 1)
-                override(variant_params, ["cumsum", "train", "model", *key.split(".")], value)
-            train_cfg = stage_config(variant_params, "cumsum", "train")  # checked like params.yaml
+        for variant, train_cfg in train_cfgs.items():
             run_dir = tmp / f"run{len(results)}"
             start = time.perf_counter()
             training.run("cumsum", train_cfg, tmp / "data", tmp / "tok", run_dir / "model.pt",
@@ -115,12 +113,27 @@ def main():
                       "results": results}, indent=2))
 
 
-def override(params: dict, path: list[str], value: str):
-    """params[path[0]]...[path[-1]] = value, read as YAML (so 1000 is a number, false a bool)."""
-    *parents, last = path
+def variant_params(params: dict, variant: str, parser: argparse.ArgumentParser) -> dict:
+    """The params with a variant's model params: "rope" sets positional, "rope,rope_base=1000" rope_base too."""
+    positional, *model_sets = variant.split(",")
+    params = copy.deepcopy(params)
+    for item in [f"positional={positional}", *model_sets]:
+        override(params, ["cumsum", "train", "model"], item, parser)
+    return params
+
+
+def override(params: dict, section: list[str], item: str, parser: argparse.ArgumentParser):
+    """Set params[section...][KEY...] from ``item``, "KEY=VALUE" with a dotted KEY; the value is read as YAML
+    (1000 a number, false a bool). A new key is let through here: stage_config then names it as unknown."""
+    key, equals, value = item.partition("=")
+    if not equals or not key:
+        parser.error(f"{item!r}: expected KEY=VALUE")
+    *parents, last = [*section, *key.split(".")]
     node = params
     for part in parents:
-        node = node[part]
+        node = node.get(part) if isinstance(node, dict) else None
+        if node is None:
+            parser.error(f"{item!r}: {'.'.join(parents)} is not a section of params.yaml")
     node[last] = yaml.safe_load(value)
 
 
