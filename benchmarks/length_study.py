@@ -138,7 +138,7 @@ def override(params: dict, section: list[str], item: str, parser: argparse.Argum
 
 
 def stop_errors(cfg, tmp: Path, model_path: Path) -> dict:
-    """{"early": {"1": share of the length-1 sequences whose every sum is right but whose output stops
+    """{"early": {"01": share of the length-1 sequences whose every sum is right but whose output stops
     too early, ...}, "late": {... stops too late}}: the misses at a length that are about where the output ends."""
     model, tokenizers, _ = checkpoint.load_trained(model_path, tmp / "tok")
     study = read_split(tmp / "data", "lengths")
@@ -150,8 +150,8 @@ def stop_errors(cfg, tmp: Path, model_path: Path) -> dict:
 
 
 def wrong_stop(hypothesis: list[str], reference: list[str]) -> str | None:
-    """"early" or "late" when every token the two share is right and the output stops in the wrong place
-    (the reference is longer, or shorter); None when it stops right or a sum is wrong."""
+    """Which way the output stops wrong: "early" or "late" when every token the two share is right and the
+    lengths differ (the reference is longer, or shorter); None when it stops right or a sum is wrong."""
     if len(hypothesis) == len(reference) or any(h != r for h, r in zip(hypothesis, reference)):
         return None
     return "early" if len(hypothesis) < len(reference) else "late"
@@ -193,7 +193,8 @@ def by_number(shares: dict) -> dict:
 
 
 def write_page(results: dict, setting: str, prepare, out: Path):
-    """<out>.md and <out>.png: exact match at every study length, marking the trained ones (``prepare``'s)."""
+    """<out>.md and <out>.png: exact match at every study length, marking the trained ones (``prepare``'s:
+    with --from-exps, those of params.yaml here, not each experiment's)."""
     lo, hi = prepare.min_length, prepare.max_length
     exact = {v: by_number(r["by_length"]) for v, r in results.items()}
     stops = {v: {side: by_number(shares) for side, shares in r["stop_errors_by_length"].items()}
