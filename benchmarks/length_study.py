@@ -187,17 +187,12 @@ def experiment_results(names: list[str]) -> dict:
     return results
 
 
-def by_number(shares: dict) -> dict:
-    """{"01": x, ...} (or "1", as metrics were written before their keys were padded) -> {1: x, ...}"""
-    return {int(length): share for length, share in shares.items()}
-
-
 def write_page(results: dict, setting: str, prepare, out: Path):
     """<out>.md and <out>.png: exact match at every study length, marking the trained ones (``prepare``'s:
     with --from-exps, those of params.yaml here, not each experiment's)."""
     lo, hi = prepare.min_length, prepare.max_length
-    exact = {v: by_number(r["by_length"]) for v, r in results.items()}
-    stops = {v: {side: by_number(shares) for side, shares in r["stop_errors_by_length"].items()}
+    exact = {v: cumsum.lengths_as_numbers(r["by_length"]) for v, r in results.items()}
+    stops = {v: {side: cumsum.lengths_as_numbers(shares) for side, shares in r["stop_errors_by_length"].items()}
              for v, r in results.items() if "stop_errors_by_length" in r}
     lengths = sorted(next(iter(exact.values())))
     fig, ax = plt.subplots(figsize=(max(8, len(lengths) / 3), 4))

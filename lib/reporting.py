@@ -18,7 +18,7 @@ from lib import checkpoint  # noqa: E402
 from lib.config import ConfigError, flatten  # noqa: E402
 from lib.data import collate, read_split, read_text  # noqa: E402
 from lib.masks import padding_mask, target_mask  # noqa: E402
-from lib.tasks import TASKS, get_task  # noqa: E402
+from lib.tasks import TASKS, cumsum, get_task  # noqa: E402
 from lib.tokenizer import encode_pairs, encode_text, special_ids  # noqa: E402
 
 
@@ -145,8 +145,8 @@ def attention_maps(model, batch, ids) -> dict[str, list[torch.Tensor]]:
 
 
 def plot_by_length(by_length: dict, trained: tuple[int, int], out: Path):
-    shares = {int(k): v for k, v in by_length.items()}  # "01" (or "1", before padding) -> 1
-    lengths = sorted(shares)
+    shares = cumsum.lengths_as_numbers(by_length)
+    lengths = list(shares)
     fig, ax = plt.subplots(figsize=(7, 3.5))
     ax.plot(lengths, [shares[n] for n in lengths], "o-")
     ax.axvspan(trained[0] - 0.5, trained[1] + 0.5, color="tab:green", alpha=0.12, label="lengths seen in training")

@@ -128,6 +128,11 @@ def share_by_length(sources: list[str], flags: list[bool]) -> dict:
     return {f"{length:0{width}d}": float(share) for length, share in shares.items()}
 
 
+def lengths_as_numbers(by_length: dict) -> dict[int, float]:
+    """share_by_length's {"01": x, ...} (or the unpadded "1" of older metrics) as {1: x, ...}, shortest first."""
+    return dict(sorted((int(length), share) for length, share in by_length.items()))
+
+
 def exact_match_by_length(sources: list[str], hypotheses: list[str], references: list[str]) -> dict:
     """{"01": exact match of the sequences with 1 digit, ...} (see share_by_length)"""
     return share_by_length(sources, [h == r for h, r in zip(hypotheses, references)])
