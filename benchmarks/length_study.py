@@ -32,16 +32,15 @@ from datetime import date
 from pathlib import Path
 
 import matplotlib
+import pandas as pd
 import yaml
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from lib import checkpoint, evaluation, tokenizer, training  # noqa: E402
+from lib import evaluation, tokenizer, training  # noqa: E402
 from lib.config import ConfigError, load_params, stage_config  # noqa: E402
-from lib.data import read_split  # noqa: E402
 from lib.tasks import cumsum, run_prepare  # noqa: E402
-from lib.tokenizer import encode_pairs, special_ids  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
@@ -101,7 +100,7 @@ def main():
                                      run_dir / "metrics.json", run_dir / "samples.jsonl")
             results[variant] = {"train_s": round(seconds, 1), "exact_match": metrics["greedy"]["exact_match"],
                                 "by_length": metrics["by_length"],
-                                "stop_errors_by_length": stop_errors(cfg["evaluate"], tmp, run_dir / "model.pt")}
+                                "stop_errors_by_length": stop_errors(run_dir / "samples.jsonl")}
     setting = "Pre-LN" if params["cumsum"]["train"]["model"]["norm_first"] else "Post-LN"
     if cfg["prepare"].modulus:
         setting += f", sums modulo {cfg['prepare'].modulus}"
@@ -137,15 +136,14 @@ def override(params: dict, section: list[str], item: str, parser: argparse.Argum
     node[last] = yaml.safe_load(value)
 
 
-def stop_errors(cfg, tmp: Path, model_path: Path) -> dict:
+def stop_errors(samples_path: Path) -> dict:
     """{"early": {"01": share of the length-1 sequences whose every sum is right but whose output stops
-    too early, ...}, "late": {... stops too late}}: the misses at a length that are about where the output ends."""
-    model, tokenizers, _ = checkpoint.load_trained(model_path, tmp / "tok")
-    study = read_split(tmp / "data", "lengths")
-    hypotheses = evaluation.translate_texts(model, encode_pairs(tokenizers, study), special_ids(tokenizers),
-                                            tokenizers.target, cfg)
-    stops = [wrong_stop(h.split(), r.split()) for h, r in zip(hypotheses, study["tgt"])]
-    return {side: cumsum.share_by_length(study["src"].tolist(), [stop == side for stop in stops])
+    too early, ...}, "late": {... stops too late}}: the misses at a length that are about where the output ends.
+    The outputs are those the evaluate stage scored (samples.jsonl's length-study rows)."""
+    samples = pd.read_json(samples_path, lines=True, dtype=False)
+    study = samples[samples["split"] == cumsum.EXTRA_SPLIT]
+    stops = [wrong_stop(h.split(), r.split()) for h, r in zip(study["greedy"], study["reference"])]
+    return {side: cumsum.share_by_length(study["source"].tolist(), [stop == side for stop in stops])
             for side in ("early", "late")}
 
 

@@ -10,7 +10,6 @@ and samples continuing a few prompts.
 import json
 import math
 import time
-from pathlib import Path
 
 import pandas as pd
 import torch
@@ -46,9 +45,6 @@ def evaluate_seq2seq(task, cfg: EvaluateConfig, data_dir, tokenizer_dir, model_p
     model, tokenizers, _ = checkpoint.load_trained(model_path, tokenizer_dir, device)
     ids = special_ids(tokenizers)
 
-    def translate_frame(frame: pd.DataFrame) -> list[str]:
-        return translate_texts(model, encode_pairs(tokenizers, frame), ids, tokenizers.target, cfg)
-
     test = read_split(data_dir, "test")
     pairs = encode_pairs(tokenizers, test)
     loss = mean_loss(model, pairs, ids, cfg.max_tokens, device)
@@ -67,21 +63,30 @@ def evaluate_seq2seq(task, cfg: EvaluateConfig, data_dir, tokenizer_dir, model_p
                          "sentences_per_s": len(test) / seconds}
         if beam_size > 1:
             metrics[name]["alpha"] = cfg.alpha
-    hypotheses = outputs["greedy"]
-    if hasattr(module, "extra_metrics"):  # e.g. cumsum's exact match by sequence length
-        metrics.update(module.extra_metrics(translate_frame, Path(data_dir)))
-
-    scores = [module.sentence_score(h, r) for h, r in zip(hypotheses, references)]
-    worst = pd.Series(scores).rank(method="first").lt(cfg.n_samples + 1)
     # Every test example; the report shows the first n and the worst n by the task's per-example score.
-    samples = pd.DataFrame({
-        "source": test["src"], "reference": references, "greedy": hypotheses,
-        "correct": [h == r for h, r in zip(hypotheses, references)], "score": scores,
-        "first": test.index < cfg.n_samples, "worst": worst,
-        **{name: texts for name, texts in outputs.items() if name != "greedy"},  # the beam's, when on
-    })
+    samples = sample_rows(module, "test", test, outputs["greedy"])
+    samples = samples.assign(first=test.index < cfg.n_samples,
+                             worst=samples["score"].rank(method="first").lt(cfg.n_samples + 1),
+                             **{name: texts for name, texts in outputs.items() if name != "greedy"})  # beam's
+    extra = getattr(module, "EXTRA_SPLIT", None)  # e.g. cumsum's length study: exact match by length
+    if extra:
+        frame = read_split(data_dir, extra)
+        hypotheses = translate_texts(model, encode_pairs(tokenizers, frame), ids, tokenizers.target, cfg)
+        metrics.update(module.split_metrics(frame, hypotheses))
+        rows = sample_rows(module, extra, frame, hypotheses).assign(first=False, worst=False)
+        samples = pd.concat([samples, rows], ignore_index=True)
     write_outputs(metrics, samples, metrics_path, samples_path)
     return metrics
+
+
+def sample_rows(module, split: str, frame: pd.DataFrame, hypotheses: list[str]) -> pd.DataFrame:
+    """samples.jsonl's rows for one split: each source with its reference and greedy output, scored."""
+    references = frame["tgt"].tolist()
+    return pd.DataFrame({
+        "split": split, "source": frame["src"].tolist(), "reference": references, "greedy": hypotheses,
+        "correct": [h == r for h, r in zip(hypotheses, references)],
+        "score": [module.sentence_score(h, r) for h, r in zip(hypotheses, references)],
+    })
 
 
 @torch.no_grad()

@@ -99,8 +99,10 @@ def plot_losses(live_dir: Path, out: Path):
     plt.close(fig)
 
 
-def plot_attention_grid(weights: list[torch.Tensor], rows: list[str], cols: list[str], title: str, out: Path):
-    """One heatmap per (layer, head): weights[layer] is (H, len(rows), len(cols))."""
+def plot_attention_grid(weights: list[torch.Tensor], rows: list[str], cols: list[str], title: str, out: Path,
+                        red_rows: frozenset[int] = frozenset()):
+    """One heatmap per (layer, head): weights[layer] is (H, len(rows), len(cols)); the labels of
+    ``red_rows`` are drawn in red."""
     L, H = len(weights), weights[0].size(0)
     n = max(len(rows), len(cols))
     cell = min(4.0, max(2.2, 0.11 * n))  # inches per panel: room for every label, not a poster
@@ -119,6 +121,9 @@ def plot_attention_grid(weights: list[torch.Tensor], rows: list[str], cols: list
         ax.label_outer()
         ax.tick_params(labelsize=font)
         ax.tick_params(axis="x", labelrotation=90)
+        for row, label in enumerate(ax.get_yticklabels()):
+            if row in red_rows:
+                label.set_color("tab:red")
     fig.suptitle(title, fontsize=11)
     fig.tight_layout(rect=(0, 0, 1, 0.97))  # leave the top strip to the title
     fig.savefig(out, dpi=110, bbox_inches="tight")  # long sub-word labels are never clipped
@@ -131,17 +136,37 @@ def visible(token: str) -> str:
 
 
 @torch.no_grad()
-def attention_maps(model, batch, ids) -> dict[str, list[torch.Tensor]]:
+def attention_maps(model, batch, ids) -> tuple[dict[str, list[torch.Tensor]], torch.Tensor]:
     """Teacher-forced attention of a batch, per layer: encoder self (B, H, S, S),
-    decoder self (B, H, T, T) and cross (B, H, T, S), straight from the forward."""
+    decoder self (B, H, T, T) and cross (B, H, T, S), straight from the forward;
+    and the token the model finds likeliest at each decoder position (B, T)."""
     src_mask = padding_mask(batch.src, ids.pad)
     memory, encoder = model.encode(batch.src, src_mask)
-    _, decoder = model.decode(batch.tgt_in, memory, target_mask(batch.tgt_in, ids.pad), src_mask)
-    return {
+    hidden, decoder = model.decode(batch.tgt_in, memory, target_mask(batch.tgt_in, ids.pad), src_mask)
+    maps = {
         "encoder self-attention": encoder,
         "decoder self-attention": [self_w for self_w, _ in decoder],
         "cross-attention": [cross for _, cross in decoder],
     }
+    return maps, model.generator(hidden).argmax(dim=-1)
+
+
+def example_heatmaps(maps, i: int, src: list[str], tgt_in: list[str], predicted: list[str], title: str,
+                     stem: str, figures_dir: Path, rel: Path, red_rows: frozenset[int] = frozenset()) -> list[str]:
+    """Example i of a batch: one figure per kind of attention, cut to its real lengths; the report's
+    lines linking them. Decoder rows are labelled by ``predicted``; ``red_rows`` of them in red."""
+    S, T = len(src), len(tgt_in)
+    shapes = {"encoder self-attention": ("encoder_self", S, S, src, src, frozenset()),
+              "decoder self-attention": ("decoder_self", T, T, predicted, tgt_in, red_rows),
+              "cross-attention": ("cross", T, S, predicted, src, red_rows)}
+    lines = []
+    for kind, (prefix, rows, cols, row_labels, col_labels, red) in shapes.items():
+        name = f"{prefix}_attention_{stem}.png"
+        weights = [w[i, :, :rows, :cols] for w in maps[kind]]
+        plot_attention_grid(weights, row_labels, col_labels, f"{kind.capitalize()}, {title}", figures_dir / name,
+                            red)
+        lines += [f"![{kind}, {title}]({rel}/{name})", ""]
+    return lines
 
 
 def plot_by_length(by_length: dict, trained: tuple[int, int], out: Path):
@@ -159,12 +184,53 @@ def plot_by_length(by_length: dict, trained: tuple[int, int], out: Path):
     plt.close(fig)
 
 
+def token_strings(tokenizer, ids: torch.Tensor) -> list[str]:
+    return [tokenizer.id_to_token(t) for t in ids.tolist()]
+
+
+def breaking_section(model, tokenizers, by_length: dict, samples: pd.DataFrame, trained: tuple[int, int],
+                     figures_dir: Path, rel: Path) -> list[str]:
+    """The first wrong sequence of the length where the model breaks (cumsum.breaking_length), with the
+    attention that wrote its greedy output: the model teacher-forced on that output, so that each decoder
+    row is the step that chose its token."""
+    lines = ["## Where it breaks", ""]
+    length = cumsum.breaking_length(by_length)
+    if length is None:
+        return lines + ["Every sequence of every length studied comes out exact.", ""]
+    study = samples[samples["split"] == cumsum.EXTRA_SPLIT]
+    example = study[study["source"].str.split().str.len().eq(length) & ~study["correct"]].iloc[0]
+    ids = special_ids(tokenizers)
+    # The same source twice: with the model's output as the target, then with the reference.
+    pairs = encode_pairs(tokenizers, pd.DataFrame({"src": [example.source] * 2,
+                                                   "tgt": [example.greedy, example.reference]}))
+    batch = collate(pairs, [0], ids)
+    maps, likeliest = attention_maps(model, batch, ids)
+    S, T = len(pairs.src[0]), len(pairs.tgt[0]) + 1
+    expected = pairs.tgt[1] + [ids.eos]
+    said = likeliest[0, :T].tolist()  # the greedy output and its <eos>, as the decoder chose them
+    red = frozenset(t for t, token in enumerate(said) if t >= len(expected) or token != expected[t])
+    share = cumsum.lengths_as_numbers(by_length)[length]
+    lines += [f"At length {length}, exact match is {share:.2f} (the model trained on lengths {trained[0]}-"
+              f"{trained[1]}). The first wrong sequence of that length:", "",
+              pd.DataFrame({"": ["source", "reference", "greedy output"],
+                            "tokens": [f"`{example.source}`", f"`{example.reference}`",
+                                       f"`{example.greedy}`" if example.greedy else "(empty)"]}
+                           ).to_markdown(index=False), "",
+              "The attention that wrote that output: the model teacher-forced on its own greedy output, so "
+              "each decoder row is the step that chose its token. Red rows chose a token other than the "
+              "reference's.", ""]
+    return lines + example_heatmaps(maps, 0, token_strings(tokenizers.source, batch.src[0, :S]),
+                                    token_strings(tokenizers.target, batch.tgt_in[0, :T]),
+                                    token_strings(tokenizers.target, likeliest[0, :T]),
+                                    f"length {length}, wrong", "breaks", figures_dir, rel, red)
+
+
 def seq2seq_sections(cfg, data_dir, tokenizers, model, metrics, samples, figures_dir: Path, rel: Path):
     ids = special_ids(tokenizers)
     pairs = encode_pairs(tokenizers, read_split(data_dir, "test").head(cfg.n_attention_examples))  # the drawn ones
     examples = list(range(len(pairs)))
     batch = collate(pairs, examples, ids)
-    maps = attention_maps(model, batch, ids)
+    maps, _ = attention_maps(model, batch, ids)
     lines = ["## Attention", "",
              "For each example, one panel per layer (rows) and head (columns). Rows of a panel: the "
              "decoder position, labelled by the token it predicts (encoder: the source token); columns: "
@@ -172,26 +238,19 @@ def seq2seq_sections(cfg, data_dir, tokenizers, model, metrics, samples, figures
              "the future.", ""]
     for i in examples:
         S, T = len(pairs.src[i]), len(pairs.tgt[i]) + 1  # the real lengths, padding cut off
-        src = [tokenizers.source.id_to_token(t) for t in batch.src[i, :S].tolist()]
-        tgt_in = [tokenizers.target.id_to_token(t) for t in batch.tgt_in[i, :T].tolist()]
-        predicted = [tokenizers.target.id_to_token(t) for t in batch.tgt_out[i, :T].tolist()]
-        shapes = {"encoder self-attention": ("encoder_self", S, S, src, src),
-                  "decoder self-attention": ("decoder_self", T, T, predicted, tgt_in),
-                  "cross-attention": ("cross", T, S, predicted, src)}
+        src = token_strings(tokenizers.source, batch.src[i, :S])
         lines += [f"### Test example {i + 1}: `{' '.join(src)}`", ""]
-        for kind, (stem, rows, cols, row_labels, col_labels) in shapes.items():
-            name = f"{stem}_attention_{i + 1}.png"
-            weights = [w[i, :, :rows, :cols] for w in maps[kind]]
-            plot_attention_grid(weights, row_labels, col_labels, f"{kind.capitalize()}, test example {i + 1}",
-                                figures_dir / name)
-            lines += [f"![{kind} {i + 1}]({rel}/{name})", ""]
+        lines += example_heatmaps(maps, i, src, token_strings(tokenizers.target, batch.tgt_in[i, :T]),
+                                  token_strings(tokenizers.target, batch.tgt_out[i, :T]), f"test example {i + 1}",
+                                  str(i + 1), figures_dir, rel)
     if "by_length" in metrics:
         train_lengths = read_split(data_dir, "train")["src"].str.split().str.len()
-        plot_by_length(metrics["by_length"], (train_lengths.min(), train_lengths.max()),
-                       figures_dir / "by_length.png")
+        trained = (train_lengths.min(), train_lengths.max())
+        plot_by_length(metrics["by_length"], trained, figures_dir / "by_length.png")
         lines += ["## Accuracy by sequence length", "",
                   "Exact-sequence match on held-out sequences of every length, including lengths "
                   "longer than any seen in training.", "", f"![accuracy by length]({rel}/by_length.png)", ""]
+        lines += breaking_section(model, tokenizers, metrics["by_length"], samples, trained, figures_dir, rel)
     columns = ["source", "reference", "greedy", *[c for c in samples.columns if c.startswith("beam")], "correct"]
     for kind, title in (("first", "First test examples"), ("worst", "Worst test examples")):
         chosen = samples[samples[kind]]
@@ -225,7 +284,7 @@ def run(task, cfg, data_dir, tokenizer_dir, model_path, metrics_path, samples_pa
     figures_dir.mkdir(parents=True, exist_ok=True)
     rel = figures_dir.relative_to(report_path.parent)
     metrics = json.loads(Path(metrics_path).read_text())
-    samples = pd.read_json(samples_path, lines=True)
+    samples = pd.read_json(samples_path, lines=True, dtype=False)  # "7" stays text
     model, tokenizers, state = checkpoint.load_trained(model_path, tokenizer_dir)
     kind = get_task(task).KIND
     if kind == "lm" and cfg.passage_tokens > state["block_size"]:  # checked before anything is drawn

@@ -89,3 +89,10 @@ def test_exact_match_by_length_keys_sort_as_text_in_length_order():
     assert list(shares) == sorted(shares)
     short = cumsum.exact_match_by_length(sources[:3], hypotheses[:3], references[:3])
     assert short == {"1": 1.0, "2": 0.5}  # one digit: nothing to pad
+
+
+def test_breaking_length_is_where_most_fail_else_the_first_error():
+    assert cumsum.breaking_length({"01": 1.0, "02": 0.98, "03": 0.6, "04": 0.4, "05": 0.0}) == 4
+    assert cumsum.breaking_length({"01": 0.0, "02": 1.0, "10": 0.1}) == 1  # short sources can be the ones
+    assert cumsum.breaking_length({"1": 1.0, "2": 0.98, "10": 0.99, "11": 0.5}) == 2  # none below half
+    assert cumsum.breaking_length({"01": 1.0, "12": 1.0}) is None

@@ -21,8 +21,8 @@ from lib import checkpoint, evaluation, reporting, tokenizer, training
 from lib.config import ConfigError, stage_config
 from lib.data import collate, read_split, read_text
 from lib.masks import padding_mask, target_mask
-from lib.tasks import run_prepare
-from tests.conftest import ROOT
+from lib.tasks import cumsum, run_prepare
+from tests.conftest import ROOT, TINY_PARAMS
 
 
 @pytest.fixture(scope="module")
@@ -101,11 +101,18 @@ def test_evaluate_writes_metrics_and_samples(built):
     assert 0.0 <= metrics["greedy"]["exact_match"] <= 1.0
     assert metrics["perplexity"] > 1.0
     samples = pd.read_json(built["samples"], lines=True, dtype=False)
-    assert list(samples.columns) == ["source", "reference", "greedy", "correct", "score", "first", "worst"]
-    assert len(samples) == 60 and samples["first"].tolist() == [True] * 10 + [False] * 50  # every test example
-    worst = samples[samples["worst"]]["score"]
-    assert len(worst) == 10 and worst.max() <= samples[~samples["worst"]]["score"].min()
+    assert list(samples.columns) == ["split", "source", "reference", "greedy", "correct", "score", "first", "worst"]
+    test, study = samples[samples["split"] == "test"], samples[samples["split"] == "lengths"]
+    assert len(test) == 60 and test["first"].tolist() == [True] * 10 + [False] * 50  # every test example
+    worst = test[test["worst"]]["score"]
+    assert len(worst) == 10 and worst.max() <= test[~test["worst"]]["score"].min()
     assert sorted(metrics["by_length"], key=int) == [str(n) for n in range(1, 9)]  # 1..vocab_length
+    # Every length-study sequence, with the output by_length scored: its shares come back from the rows.
+    assert len(study) == len(read_split(built["data"], "lengths"))
+    assert not study["first"].any() and not study["worst"].any()  # the report's tables are test examples
+    assert (study["correct"] == (study["greedy"] == study["reference"])).all()
+    by_length = study.groupby(study["source"].str.split().str.len())["correct"].mean()
+    assert {f"{n}": share for n, share in by_length.items()} == metrics["by_length"]
 
 
 def test_report_links_only_existing_pngs(built):
@@ -113,12 +120,36 @@ def test_report_links_only_existing_pngs(built):
     assert "## Metrics" in text and "## Worst test examples" in text
     assert "| metric" in text and "| greedy" in text and "| exact_match" in text  # the search's own table
     links = [line.split("](")[1].rstrip(")") for line in text.splitlines() if line.startswith("![")]
-    assert len(links) == 1 + 3 * 2 + 1  # curves, 3 heatmaps per attention example, accuracy by length
+    # curves, 3 heatmaps per attention example, accuracy by length, 3 heatmaps where it breaks
+    assert len(links) == 1 + 3 * 2 + 1 + 3
     for link in links:
         png = (built["report"].parent / link).read_bytes()
         assert png[:8] == b"\x89PNG\r\n\x1a\n"
         width, height = struct.unpack(">II", png[16:24])
         assert width > 100 and height > 100
+
+
+def test_where_it_breaks_shows_a_wrong_sequence_of_that_length_and_the_steps_that_wrote_it(built):
+    """The report's last attention figures: the first wrong sequence at cumsum.breaking_length, and the
+    model teacher-forced on its own greedy output, whose likeliest tokens are that output again: the
+    rows are the steps that chose it."""
+    text = built["report"].read_text()
+    metrics = json.loads(built["metrics"].read_text())
+    length = cumsum.breaking_length(metrics["by_length"])
+    assert length is not None and f"At length {length}, exact match is " in text
+    table = text.split("## Where it breaks")[1].split("The attention that wrote")[0]
+    shown = {row.split("|")[1].strip(): row.split("|")[2].strip().strip("`") for row in table.splitlines()
+             if row.startswith("| ") and "`" in row}
+    assert len(shown["source"].split()) == length and shown["greedy output"] != shown["reference"]
+    model, tokenizers, _ = checkpoint.load_trained(built["model"], built["tokenizer"])
+    ids = tokenizer.special_ids(tokenizers)
+    output = pd.DataFrame({"src": [shown["source"]], "tgt": [shown["greedy output"]]})
+    pairs = tokenizer.encode_pairs(tokenizers, output)
+    _, likeliest = reporting.attention_maps(model, collate(pairs, [0], ids), ids)
+    assert likeliest[0, :-1].tolist() == pairs.tgt[0]
+    stopped = len(pairs.tgt[0]) < length + TINY_PARAMS["cumsum"]["evaluate"]["max_extra_tokens"]  # not cut off
+    assert (likeliest[0, -1] == ids.eos) == stopped
+    assert (built["figures"] / "cross_attention_breaks.png").is_file()
 
 
 def test_index_links_each_report_with_its_headline(built):
@@ -357,7 +388,7 @@ def test_drawn_attention_is_what_the_model_computes(built):
     lengths = [len(s) for s in pairs.src]
     examples = [lengths.index(min(lengths)), lengths.index(max(lengths))]  # the shorter one is padded
     batch = collate(pairs, examples, ids)
-    maps = reporting.attention_maps(model, batch, ids)
+    maps, likeliest = reporting.attention_maps(model, batch, ids)
     short = min(lengths)
     for kind, layers in maps.items():
         for w in layers:
@@ -366,12 +397,10 @@ def test_drawn_attention_is_what_the_model_computes(built):
         assert torch.all(w.triu(1) == 0)
     for w in maps["cross-attention"] + maps["encoder self-attention"]:
         assert torch.all(w[0, :, :, short:] == 0)  # the padded source positions of the shorter example
-    # The same weights a plain forward pass uses: the model's output is unchanged by asking for them.
+    # The same forward as a plain one: asking for the weights changes none of the model's predictions.
     src_mask = padding_mask(batch.src, ids.pad)
     logits = model(batch.src, batch.tgt_in, src_mask, target_mask(batch.tgt_in, ids.pad))
-    memory, _ = model.encode(batch.src, src_mask)
-    hidden, _ = model.decode(batch.tgt_in, memory, target_mask(batch.tgt_in, ids.pad), src_mask)
-    assert torch.equal(model.generator(hidden), logits)
+    assert torch.equal(likeliest, logits.argmax(dim=-1))
 
 
 def test_max_len_below_the_data_fails_before_touching_outputs(tmp_path, built, tiny_params):

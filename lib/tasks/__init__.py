@@ -5,7 +5,9 @@ A task module defines KIND ("seq2seq" or "lm"), a frozen ``PrepareConfig``,
 data_dir, side)`` giving the training text a tokenizer learns from (side:
 source, target or both), ``HEADLINE`` (the metrics reports/index.md shows),
 and, for seq2seq tasks, ``score(hypotheses, references)`` and
-``sentence_score`` returning its metrics."""
+``sentence_score`` returning its metrics. A seq2seq task may name one more
+split to decode, ``EXTRA_SPLIT``, with ``split_metrics(frame, hypotheses)``
+scoring it (cumsum: its length study)."""
 
 import importlib
 from pathlib import Path

@@ -23,6 +23,7 @@ from lib.data import read_split
 
 KIND = "seq2seq"
 HEADLINE = ("greedy.exact_match", "greedy.token_accuracy", "by_length.16")  # reports/index.md
+EXTRA_SPLIT = "lengths"  # evaluate decodes it too: split_metrics scores it, samples.jsonl keeps its outputs
 
 
 @dataclass(frozen=True)
@@ -138,10 +139,20 @@ def exact_match_by_length(sources: list[str], hypotheses: list[str], references:
     return share_by_length(sources, [h == r for h, r in zip(hypotheses, references)])
 
 
-def extra_metrics(translate, data_dir: Path) -> dict:
-    """Length generalisation: exact match at every length, trained ones and longer ones."""
-    study = read_split(data_dir, "lengths")
-    return {"by_length": exact_match_by_length(study["src"].tolist(), translate(study), study["tgt"].tolist())}
+def split_metrics(study: pd.DataFrame, hypotheses: list[str]) -> dict:
+    """Length generalisation: exact match at every length of the EXTRA_SPLIT, trained ones and longer ones."""
+    return {"by_length": exact_match_by_length(study["src"].tolist(), hypotheses, study["tgt"].tolist())}
+
+
+def breaking_length(by_length: dict) -> int | None:
+    """The shortest length at which most sequences come out wrong; failing that, the shortest with any
+    wrong; None when every sequence of every length is exact. The report shows attention there."""
+    shares = lengths_as_numbers(by_length)
+    for limit in (0.5, 1.0):
+        failing = [length for length, share in shares.items() if share < limit]
+        if failing:
+            return failing[0]
+    return None
 
 
 def sentence_score(hypothesis: str, reference: str) -> float:
