@@ -63,6 +63,8 @@ def evaluate_seq2seq(task, cfg: EvaluateConfig, data_dir, tokenizer_dir, model_p
                          "sentences_per_s": len(test) / seconds}
         if beam_size > 1:
             metrics[name]["alpha"] = cfg.alpha
+    if hasattr(module, "breakdown"):  # e.g. multi30k's BLEU by source length
+        metrics.update(module.breakdown(test["src"].tolist(), outputs["greedy"], references))
     # Every test example; the report shows the first n and the worst n by the task's per-example score.
     samples = sample_rows(module, "test", test, outputs["greedy"])
     samples = samples.assign(first=test.index < cfg.n_samples,

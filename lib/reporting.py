@@ -18,7 +18,7 @@ from lib import checkpoint  # noqa: E402
 from lib.config import ConfigError, flatten  # noqa: E402
 from lib.data import collate, read_split, read_text  # noqa: E402
 from lib.masks import padding_mask, target_mask  # noqa: E402
-from lib.tasks import TASKS, cumsum, get_task  # noqa: E402
+from lib.tasks import TASKS, get_task  # noqa: E402
 from lib.tokenizer import encode_pairs, encode_text, special_ids  # noqa: E402
 
 
@@ -27,9 +27,10 @@ def _format(value) -> str:
 
 
 def metrics_table(metrics: dict) -> str:
-    """Every scalar metric; the searches (greedy, beam) side by side; a per-length breakdown has its own plot."""
+    """Every scalar metric; the searches (greedy, beam) side by side; a per-length breakdown (by_length,
+    bleu_by_length) has its own plot."""
     searches = {k: v for k, v in metrics.items() if isinstance(v, dict) and (k == "greedy" or k.startswith("beam"))}
-    flat = flatten({k: v for k, v in metrics.items() if k != "by_length" and k not in searches})
+    flat = flatten({k: v for k, v in metrics.items() if not k.endswith("by_length") and k not in searches})
     table = pd.DataFrame({"metric": list(flat), "value": [_format(v) for v in flat.values()]})
     lines = [table.to_markdown(index=False, colalign=("left", "right"), disable_numparse=True)]
     if searches:
@@ -169,8 +170,8 @@ def example_heatmaps(maps, i: int, src: list[str], tgt_in: list[str], predicted:
     return lines
 
 
-def plot_by_length(by_length: dict, trained: tuple[int, int], out: Path):
-    shares = cumsum.lengths_as_numbers(by_length)
+def plot_by_length(shares: dict[int, float], trained: tuple[int, int], out: Path):
+    """Exact match by length ({1: share, ...}), the trained lengths shaded."""
     lengths = list(shares)
     fig, ax = plt.subplots(figsize=(7, 3.5))
     ax.plot(lengths, [shares[n] for n in lengths], "o-")
@@ -184,20 +185,34 @@ def plot_by_length(by_length: dict, trained: tuple[int, int], out: Path):
     plt.close(fig)
 
 
+def plot_bleu_by_length(bleu_by_length: dict, counts: dict, out: Path):
+    """One bar per group of source lengths, labelled with its number of sentences."""
+    groups = list(bleu_by_length)
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    bars = ax.bar(groups, [bleu_by_length[g] for g in groups], color="tab:blue")
+    ax.bar_label(bars, labels=[f"n={counts.get(g, 0)}" for g in groups], fontsize=8)
+    ax.set(xlabel="source length (words)", ylabel="sacreBLEU, greedy", title="BLEU by source length")
+    ax.margins(y=0.12)  # room for the labels above the bars
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
 def token_strings(tokenizer, ids: torch.Tensor) -> list[str]:
     return [tokenizer.id_to_token(t) for t in ids.tolist()]
 
 
-def breaking_section(model, tokenizers, by_length: dict, samples: pd.DataFrame, trained: tuple[int, int],
+def breaking_section(module, model, tokenizers, by_length: dict, samples: pd.DataFrame, trained: tuple[int, int],
                      figures_dir: Path, rel: Path) -> list[str]:
-    """The first wrong sequence of the length where the model breaks (cumsum.breaking_length), with the
-    attention that wrote its greedy output: the model teacher-forced on that output, so that each decoder
-    row is the step that chose its token."""
+    """The first wrong sequence of the length where the model breaks (``module.breaking_length``), with
+    the attention that wrote its greedy output: the model teacher-forced on that output, so that each
+    decoder row is the step that chose its token."""
     lines = ["## Where it breaks", ""]
-    length = cumsum.breaking_length(by_length)
+    length = module.breaking_length(by_length)
     if length is None:
         return lines + ["Every sequence of every length studied comes out exact.", ""]
-    study = samples[samples["split"] == cumsum.EXTRA_SPLIT]
+    study = samples[samples["split"] == module.EXTRA_SPLIT]
     example = study[study["source"].str.split().str.len().eq(length) & ~study["correct"]].iloc[0]
     ids = special_ids(tokenizers)
     # The same source twice: with the model's output as the target, then with the reference.
@@ -209,7 +224,7 @@ def breaking_section(model, tokenizers, by_length: dict, samples: pd.DataFrame, 
     expected = pairs.tgt[1] + [ids.eos]
     said = likeliest[0, :T].tolist()  # the greedy output and its <eos>, as the decoder chose them
     red = frozenset(t for t, token in enumerate(said) if t >= len(expected) or token != expected[t])
-    share = cumsum.lengths_as_numbers(by_length)[length]
+    share = module.lengths_as_numbers(by_length)[length]
     lines += [f"At length {length}, exact match is {share:.2f} (the model trained on lengths {trained[0]}-"
               f"{trained[1]}). The first wrong sequence of that length:", "",
               pd.DataFrame({"": ["source", "reference", "greedy output"],
@@ -225,7 +240,9 @@ def breaking_section(model, tokenizers, by_length: dict, samples: pd.DataFrame, 
                                     f"length {length}, wrong", "breaks", figures_dir, rel, red)
 
 
-def seq2seq_sections(cfg, data_dir, tokenizers, model, metrics, samples, figures_dir: Path, rel: Path):
+def seq2seq_sections(module, cfg, data_dir, tokenizers, model, metrics, samples, figures_dir: Path, rel: Path):
+    """``module``: the task's, which reads the breakdowns its evaluate stage wrote (cumsum's
+    by_length, multi30k's bleu_by_length)."""
     ids = special_ids(tokenizers)
     pairs = encode_pairs(tokenizers, read_split(data_dir, "test").head(cfg.n_attention_examples))  # the drawn ones
     examples = list(range(len(pairs)))
@@ -246,11 +263,19 @@ def seq2seq_sections(cfg, data_dir, tokenizers, model, metrics, samples, figures
     if "by_length" in metrics:
         train_lengths = read_split(data_dir, "train")["src"].str.split().str.len()
         trained = (train_lengths.min(), train_lengths.max())
-        plot_by_length(metrics["by_length"], trained, figures_dir / "by_length.png")
+        plot_by_length(module.lengths_as_numbers(metrics["by_length"]), trained, figures_dir / "by_length.png")
         lines += ["## Accuracy by sequence length", "",
                   "Exact-sequence match on held-out sequences of every length, including lengths "
                   "longer than any seen in training.", "", f"![accuracy by length]({rel}/by_length.png)", ""]
-        lines += breaking_section(model, tokenizers, metrics["by_length"], samples, trained, figures_dir, rel)
+        lines += breaking_section(module, model, tokenizers, metrics["by_length"], samples, trained, figures_dir,
+                                  rel)
+    if "bleu_by_length" in metrics:
+        test = samples[samples["split"] == "test"]
+        counts = test["source"].map(module.length_group).value_counts().to_dict()
+        plot_bleu_by_length(metrics["bleu_by_length"], counts, figures_dir / "bleu_by_length.png")
+        lines += ["## BLEU by source length", "",
+                  "Greedy sacreBLEU of the test sentences, grouped by the length of their source in words "
+                  "(n: the sentences in a group).", "", f"![BLEU by source length]({rel}/bleu_by_length.png)", ""]
     columns = ["source", "reference", "greedy", *[c for c in samples.columns if c.startswith("beam")], "correct"]
     for kind, title in (("first", "First test examples"), ("worst", "Worst test examples")):
         chosen = samples[samples[kind]]
@@ -261,7 +286,7 @@ def seq2seq_sections(cfg, data_dir, tokenizers, model, metrics, samples, figures
 
 
 @torch.no_grad()
-def lm_sections(cfg, data_dir, tokenizers, model, metrics, samples, figures_dir: Path, rel: Path):
+def lm_sections(cfg, data_dir, tokenizers, model, samples, figures_dir: Path, rel: Path):
     tokenizer = tokenizers.target
     ids = encode_text(tokenizer, read_text(data_dir, "valid"))[: cfg.passage_tokens]  # (T,)
     _, layers = model.forward_with_attention(ids[None])  # per layer (1, H, T, T)
@@ -286,8 +311,8 @@ def run(task, cfg, data_dir, tokenizer_dir, model_path, metrics_path, samples_pa
     metrics = json.loads(Path(metrics_path).read_text())
     samples = pd.read_json(samples_path, lines=True, dtype=False)  # "7" stays text
     model, tokenizers, state = checkpoint.load_trained(model_path, tokenizer_dir)
-    kind = get_task(task).KIND
-    if kind == "lm" and cfg.passage_tokens > state["block_size"]:  # checked before anything is drawn
+    module = get_task(task)
+    if module.KIND == "lm" and cfg.passage_tokens > state["block_size"]:  # checked before anything is drawn
         raise ConfigError(f"report.passage_tokens: {cfg.passage_tokens} is longer than the blocks the model "
                           f"was trained on (train.block_size {state['block_size']})")
 
@@ -298,8 +323,10 @@ def run(task, cfg, data_dir, tokenizer_dir, model_path, metrics_path, samples_pa
         "## Metrics", "", metrics_table(metrics), "",
         "## Training curves", "", f"![loss curves and learning rate]({rel}/loss.png)", "",
     ]
-    sections = lm_sections if kind == "lm" else seq2seq_sections
-    lines += sections(cfg, data_dir, tokenizers, model, metrics, samples, figures_dir, rel)
+    if module.KIND == "lm":
+        lines += lm_sections(cfg, data_dir, tokenizers, model, samples, figures_dir, rel)
+    else:
+        lines += seq2seq_sections(module, cfg, data_dir, tokenizers, model, metrics, samples, figures_dir, rel)
     with checkpoint.atomic_path(report_path) as tmp:
         tmp.write_text("\n".join(lines))
     write_index(report_path.parent.parent)

@@ -170,6 +170,19 @@ def test_bleu_and_chrf_on_a_known_example():
     assert multi30k.sentence_score("a b c d", "a b c d") == pytest.approx(100.0)
 
 
+def test_bleu_by_source_length_groups_sentences_by_their_words():
+    assert [multi30k.length_group(" ".join("w" * n)) for n in (1, 7, 8, 9, 10, 16, 17, 40)] == [
+        "01-07", "01-07", "08-09", "08-09", "10-11", "14-16", "17+", "17+"]
+    sources = ["ein Hund", "ein Hund läuft", " ".join(["Wort"] * 17)]
+    # The first group's BLEU is the corpus BLEU of its two sentences alone.
+    hypotheses = ["the cat sat on a mat", "a b c d", "x y z w v"]
+    references = ["the cat sat on the mat", "a b c d", "x y z w v"]
+    groups = multi30k.breakdown(sources, hypotheses, references)["bleu_by_length"]
+    assert list(groups) == ["01-07", "17+"] == sorted(groups)  # empty groups left out; dvc sorts as text
+    assert groups["01-07"] == pytest.approx(multi30k.score(hypotheses[:2], references[:2])["bleu"])
+    assert groups["17+"] == pytest.approx(100.0)
+
+
 def build(tmp_path, params, name="run"):
     paths = (tmp_path / "data", tmp_path / "tok", tmp_path / name / "model.pt", tmp_path / name / "ckpt",
              tmp_path / name / "live")
@@ -200,7 +213,8 @@ def test_trains_evaluates_and_ties_embeddings(tmp_path, corpus, joint):
     text = (reports / "report.md").read_text()
     assert "| greedy" in text and "| beam3" in text and "bleu signature" in text  # searches side by side
     links = [line.split("](")[1].rstrip(")") for line in text.splitlines() if line.startswith("![")]
-    assert len(links) == 1 + 2 * 3
+    assert len(links) == 1 + 2 * 3 + 1  # curves, 3 heatmaps per attention example, BLEU by source length
+    assert list(metrics["bleu_by_length"]) == ["01-07"]  # the tiny corpus's sentences have 4-6 words
     for link in links:
         assert (reports / link).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "[multi30k](multi30k/report.md)" in (tmp_path / "reports" / "index.md").read_text()

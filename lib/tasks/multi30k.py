@@ -25,6 +25,8 @@ LANGUAGES = ("de", "en", "fr", "cs")
 # Our split name -> the raw files' prefix and the hub data set's split.
 SPLIT_FILES = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
 HUB_SPLITS = {"train": "train", "valid": "validation", "test": "test"}
+# Source lengths in words, for BLEU by length: each group holds 75-234 of the 1,000 test sentences.
+LENGTH_GROUPS = ((1, 7), (8, 9), (10, 11), (12, 13), (14, 16), (17, None))
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,26 @@ def score(hypotheses: list[str], references: list[str]) -> dict:
     chrf_score = chrf.corpus_score(hypotheses, [references])
     return {"bleu": bleu_score.score, "chrf": chrf_score.score,
             "bleu_signature": str(bleu.get_signature()), "chrf_signature": str(chrf.get_signature())}
+
+
+def length_group(source: str) -> str:
+    """The LENGTH_GROUPS label of a source's length in words: "01-07", ..., "17+" (zero-padded, so
+    that `dvc metrics show`, which sorts as text, lists them shortest first)."""
+    words = len(source.split())
+    for low, high in LENGTH_GROUPS:
+        if high is None:
+            return f"{low:02d}+"
+        if words <= high:
+            return f"{low:02d}-{high:02d}"
+
+
+def breakdown(sources: list[str], hypotheses: list[str], references: list[str]) -> dict:
+    """Corpus BLEU of the (greedy) test translations by the source's length in words: where longer
+    sentences lose. Groups with no sentence are left out."""
+    groups = pd.DataFrame({"group": [length_group(s) for s in sources], "hyp": hypotheses, "ref": references})
+    return {"bleu_by_length": {group: sacrebleu.metrics.BLEU().corpus_score(rows["hyp"].tolist(),
+                                                                            [rows["ref"].tolist()]).score
+                               for group, rows in groups.groupby("group")}}
 
 
 def sentence_score(hypothesis: str, reference: str) -> float:
