@@ -35,7 +35,8 @@ def metrics_table(metrics: dict) -> str:
     lines = [table.to_markdown(index=False, colalign=("left", "right"), disable_numparse=True)]
     if searches:
         first = next(iter(searches.values()))
-        names = [k for k in first if not k.endswith("signature")]
+        # Every search's scores, in first-seen order: beam search adds its length penalty (alpha).
+        names = list(dict.fromkeys(k for scores in searches.values() for k in scores if not k.endswith("signature")))
         side = pd.DataFrame({"metric": names, **{search: [_format(scores.get(name, "")) for name in names]
                                                 for search, scores in searches.items()}})
         lines += ["", "Decoding (seconds: the whole test set on this machine's CPU):", "",

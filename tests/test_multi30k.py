@@ -212,6 +212,8 @@ def test_trains_evaluates_and_ties_embeddings(tmp_path, corpus, joint):
                   reports / "figures")
     text = (reports / "report.md").read_text()
     assert "| greedy" in text and "| beam3" in text and "bleu signature" in text  # searches side by side
+    alpha_row = next(line for line in text.splitlines() if line.startswith("| alpha"))
+    assert alpha_row.split("|")[3].strip() == f"{metrics['beam3']['alpha']:.4f}"  # beam's own score, greedy's blank
     links = [line.split("](")[1].rstrip(")") for line in text.splitlines() if line.startswith("![")]
     assert len(links) == 1 + 2 * 3 + 1  # curves, 3 heatmaps per attention example, BLEU by source length
     assert list(metrics["bleu_by_length"]) == ["01-07"]  # the tiny corpus's sentences have 4-6 words
