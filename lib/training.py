@@ -158,13 +158,18 @@ class Session:
     ``RUN_KEYS``, and a fingerprint of the data, the tokenizer and the code
     training runs (``training_code``), so that a run after any change that
     DVC reruns training for starts afresh instead of resuming a stale model.
-    Raising the length (epochs, max_iters) continues training.
+    Raising the length (epochs, max_iters) continues training, unless the
+    learning-rate schedule is a function of it (an LM's cosine decay): the
+    continued run would climb back up the new curve from the middle and end
+    elsewhere than a straight run of that length, so it starts afresh.
     """
 
     def __init__(self, task, cfg, length: tuple[str, str], data_dir, tokenizer_dir, checkpoint_dir, live_dir,
-                 make_optimizer, state: dict, generators: dict, stop_keys: tuple[str, ...] = ()):
+                 make_optimizer, state: dict, generators: dict, stop_keys: tuple[str, ...] = (),
+                 schedule_uses_length: bool = False):
         """``length``: the param that sets how long to train and the state counter it bounds;
-        ``stop_keys``: other params that only decide when to stop (changing them continues the run)."""
+        ``stop_keys``: other params that only decide when to stop (changing them continues the run);
+        ``schedule_uses_length``: the learning rate depends on the length, so changing it starts afresh."""
         length_key, self.progress_key = length
         self.kind = get_task(task).KIND
         self.device = distributed.local_device(resolve_device(cfg.device))
@@ -189,7 +194,7 @@ class Session:
         self.checkpoint_dir = Path(checkpoint_dir)
         self.last_path, self.best_path = self.checkpoint_dir / "last.pt", self.checkpoint_dir / "best.pt"
         config = {k: v for k, v in asdict(cfg).items()
-                  if k != length_key and k not in stop_keys and k not in RUN_KEYS}
+                  if (k != length_key or schedule_uses_length) and k not in stop_keys and k not in RUN_KEYS}
         self.identity = {"config": config,
                          "inputs": fingerprint([Path(data_dir), Path(tokenizer_dir), *training_code(task)])}
         self.precision = cfg.precision
@@ -558,7 +563,7 @@ def train_lm(task, cfg: LMTrainConfig, data_dir, tokenizer_dir, model_path, chec
 
     sampler = torch.Generator().manual_seed(cfg.seed)
     run = Session(task, cfg, ("max_iters", "step"), data_dir, tokenizer_dir, checkpoint_dir, live_dir, adamw, {},
-                  {"sampler": sampler})
+                  {"sampler": sampler}, schedule_uses_length=cfg.schedule == "cosine")
     model, optimizer, state, device = run.model, run.optimizer, run.state, run.device
     train = encode_text(run.tokenizers.target, read_text(data_dir, "train"))
     valid = encode_text(run.tokenizers.target, read_text(data_dir, "valid"))
