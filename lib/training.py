@@ -305,12 +305,14 @@ class Session:
         return contextlib.nullcontext()
 
     def finish(self, model_path, source=None) -> dict:
-        """Write ``source`` (default: the best checkpoint) to ``model_path``."""
+        """Write ``source`` (default: the best checkpoint) to ``model_path``; under torchrun, every process
+        then leaves the process group."""
         if self.ctx.is_main:
             self.live.end()
             with checkpoint.atomic_path(model_path) as tmp:
                 shutil.copyfile(source or self.best_path, tmp)
         distributed.barrier(self.ctx)
+        distributed.leave(self.ctx)
         return {"step": self.state["step"], "best_valid_loss": self.state["best_valid_loss"],
                 "resumed": self.resumed}
 

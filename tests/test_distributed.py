@@ -25,7 +25,8 @@ def train(tmp_path, params_path, name, processes, task="cumsum", log=None):
                "--params", str(params_path)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
+    # A failing rank's reason (a C++ exception, say) comes first; torchrun's summary of it comes last.
+    assert result.returncode == 0, result.stderr[:3000] + "\n...\n" + result.stderr[-1500:]
     if log is not None:
         log.append(result.stderr)
     return out
@@ -116,8 +117,10 @@ def lm_runs(tmp_path_factory):
     params["tasks"] = ["shakespeare"]
     lm = params["shakespeare"]
     lm["prepare"]["source"] = str(tmp_path / "play.txt")
-    lm["train"].update(device="cpu", max_iters=30, batch_size=8, block_size=16, warmup=5, eval_every=10,
-                       eval_batches=2, checkpoint_every=10)
+    # fp32: under the default bf16 the half batches' products round otherwise than the whole batch's, and the
+    # weights part by more than 1e-5 within 30 steps
+    lm["train"].update(device="cpu", precision="fp32", max_iters=30, batch_size=8, block_size=16, warmup=5,
+                       eval_every=10, eval_batches=2, checkpoint_every=10)
     lm["train"]["model"].update(d_model=32, n_heads=4, decoder_layers=2, d_ff=64, max_len=16,
                                 dropout=0.0)  # dropout masks are drawn per process
     params_path = prepare(tmp_path, params, "shakespeare")
