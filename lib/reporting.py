@@ -291,7 +291,7 @@ def lm_sections(cfg, data_dir, tokenizers, model, samples, figures_dir: Path, re
     tokenizer = tokenizers.target
     ids = encode_text(tokenizer, read_text(data_dir, "valid"))[: cfg.passage_tokens]  # (T,)
     _, layers = model.forward_with_attention(ids[None])  # per layer (1, H, T, T)
-    labels = [visible(tokenizer.id_to_token(i)) for i in ids.tolist()]
+    labels = [visible(token) for token in token_strings(tokenizer, ids)]
     name = "self_attention.png"
     plot_attention_grid([w[0] for w in layers], labels, labels,
                         "Self-attention over the start of the validation text", figures_dir / name)

@@ -143,8 +143,7 @@ def breakdown(sources: list[str], hypotheses: list[str], references: list[str]) 
     """Corpus BLEU of the (greedy) test translations by the source's length in words: where longer
     sentences lose. Groups with no sentence are left out."""
     groups = pd.DataFrame({"group": [length_group(s) for s in sources], "hyp": hypotheses, "ref": references})
-    return {"bleu_by_length": {group: sacrebleu.metrics.BLEU().corpus_score(rows["hyp"].tolist(),
-                                                                            [rows["ref"].tolist()]).score
+    return {"bleu_by_length": {group: score(rows["hyp"].tolist(), rows["ref"].tolist())["bleu"]
                                for group, rows in groups.groupby("group")}}
 
 
