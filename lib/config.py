@@ -315,8 +315,19 @@ def load_params(path: str | Path = "params.yaml") -> dict:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: params file not found")
-    with path.open() as f:
-        params = yaml.safe_load(f)
+    try:
+        with path.open() as f:
+            params = yaml.safe_load(f)
+    except yaml.YAMLError as err:  # a stage run by hand reads the file before dvc has parsed it
+        def place(mark):
+            return f"line {mark.line + 1}, column {mark.column + 1}"
+
+        where, context = getattr(err, "problem_mark", None), getattr(err, "context_mark", None)
+        message = f"{path}: not valid YAML" + (f" at {place(where)}" if where else "")
+        message += f": {getattr(err, 'problem', None) or err}"
+        if context:  # where the construct that is left open began
+            message += f" ({err.context} from {place(context)})"
+        raise ConfigError(message) from None
     if not isinstance(params, dict):
         raise ConfigError(f"{path}: expected a mapping of params")
     return params

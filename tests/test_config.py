@@ -121,6 +121,17 @@ def test_missing_local_source_is_named(tiny_params):
         stage_config(tiny_params, "shakespeare", "prepare")
 
 
+def test_params_file_that_is_not_yaml_is_named_by_line(tmp_path):
+    params = tmp_path / "params.yaml"
+    params.write_text("tasks: [cumsum\ncumsum:\n  prepare: {}\n")
+    result = subprocess.run([sys.executable, "-m", "stages.prepare", "cumsum", "--out", str(tmp_path / "data"),
+                             "--params", str(params)], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 2
+    assert f"prepare@cumsum: error: {params}: not valid YAML at line 2" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert list(tmp_path.iterdir()) == [params]
+
+
 def test_missing_input_is_named(tmp_path, tiny_params):
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump(tiny_params))
