@@ -190,6 +190,8 @@ class TrainConfig:
     patience: int = 0  # stop after this many epochs without a better validation loss; 0 = never
     average_last: int = 1  # model.pt: the average of the last k epochs' weights, when it validates better
     too_long: str = "fail"  # a pair longer than model.max_len: fail (naming the key) or skip (counted in the log)
+    accumulate: int = 1  # batches whose gradients add up to one optimizer step (gradient accumulation): the
+    # update of a batch k times the size, in the memory of one; epochs then have 1/k the steps
     peak_tflops: float | str = 0.0  # the hardware's peak TFLOP/s, for model FLOPs utilisation (train/mfu):
     # a datasheet figure, "measure" (square matmuls in train.precision, timed when training starts), or 0: none
     compile: bool = False  # torch.compile the training forward pass: fused element-wise kernels on a GPU
@@ -200,7 +202,7 @@ class TrainConfig:
         choose(self.device, "device", ("auto", "cpu", "cuda"))
         choose(self.precision, "precision", PRECISIONS)
         choose(self.too_long, "too_long", ("fail", "skip"))
-        for name in ("epochs", "max_tokens", "warmup", "checkpoint_every", "average_last"):
+        for name in ("epochs", "max_tokens", "warmup", "checkpoint_every", "average_last", "accumulate"):
             require(getattr(self, name) > 0, name, "must be > 0")
         require(self.time_budget_minutes >= 0, "time_budget_minutes", "must be >= 0")
         require(self.patience >= 0, "patience", "must be >= 0")
@@ -233,6 +235,8 @@ class LMTrainConfig:
     # a datasheet figure, "measure" (square matmuls in train.precision, timed when training starts), or 0: none
     compile: bool = False  # torch.compile the training forward pass: fused element-wise kernels on a GPU
     # (a minute or two of compiling when training starts); on a CPU it is slower than eager
+    accumulate: int = 1  # batches of batch_size blocks whose gradients add up to one optimizer step (gradient
+    # accumulation): the update of k * batch_size blocks in the memory of batch_size
 
     def __post_init__(self):
         check_seed(self.seed)
@@ -240,7 +244,7 @@ class LMTrainConfig:
         choose(self.precision, "precision", PRECISIONS)
         choose(self.schedule, "schedule", ("cosine", "noam"))
         for name in ("max_iters", "batch_size", "block_size", "warmup", "eval_every", "eval_batches",
-                     "checkpoint_every"):
+                     "checkpoint_every", "accumulate"):
             require(getattr(self, name) > 0, name, "must be > 0")
         require(self.lr > 0, "lr", "must be > 0")
         require(0 <= self.min_lr <= self.lr, "min_lr", "must be in [0, lr]")

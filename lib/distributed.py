@@ -12,6 +12,7 @@ Backends: nccl on CUDA, gloo on CPU.
              --rdzv_backend c10d --rdzv_endpoint HOST:29500 -m stages.train ...   # 2 machines
 """
 
+import contextlib
 import logging
 import os
 from dataclasses import dataclass
@@ -57,6 +58,14 @@ def wrap(model: torch.nn.Module, ctx: Context, device: torch.device) -> torch.nn
     if ctx.world == 1:
         return model
     return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def accumulating(model: torch.nn.Module, last: bool):
+    """Where a step's backward passes run: all but its last keep their gradients in this process, adding
+    to them (DDP's ``no_sync``), so that DDP averages the step's sum once, at its last batch."""
+    if last or not hasattr(model, "no_sync"):  # a single process has nothing to hold back
+        return contextlib.nullcontext()
+    return model.no_sync()
 
 
 def shard(rows: list, ctx: Context) -> tuple[list, float]:

@@ -448,28 +448,33 @@ def train_seq2seq(task, cfg: TrainConfig, data_dir, tokenizer_dir, model_path, c
         epoch, started = state["epoch"], time.perf_counter()
         order = torch.Generator().manual_seed(cfg.seed * 1_000_003 + epoch)
         batches = token_budget_batches(train, cfg.max_tokens, order)
-        todo = batches[state["batches_done"]:]
-        progress = tqdm(todo, desc=f"epoch {epoch + 1}/{cfg.epochs}", initial=state["batches_done"],
-                        total=len(batches), leave=False, disable=not run.ctx.is_main)
-        upcoming = load(todo[0]) if todo else None
-        for i, indices in enumerate(progress):
+        todo = batches[state["batches_done"]:]  # a checkpoint falls between steps: a whole number of them
+        steps = [todo[i:i + cfg.accumulate] for i in range(0, len(todo), cfg.accumulate)]  # each step's batches
+        progress = tqdm(desc=f"epoch {epoch + 1}/{cfg.epochs}", initial=state["batches_done"], total=len(batches),
+                        leave=False, disable=not run.ctx.is_main)
+        upcoming, loaded = (load(todo[0]), 1) if todo else (None, 0)
+        for group in steps:
             clock.start()
-            batch, weight = upcoming
-            src_lengths = [len(train.src[row]) for row in indices]  # the global batch's
-            tgt_lengths = [len(train.tgt[row]) + 1 for row in indices]  # targets, eos included
+            src_lengths = [len(train.src[row]) for indices in group for row in indices]  # the global batches'
+            tgt_lengths = [len(train.tgt[row]) + 1 for indices in group for row in indices]  # targets, eos included
             n_tokens = sum(tgt_lengths)
             state["step"] += 1
             lr = noam_lr(state["step"], cfg.model.d_model, cfg.warmup, cfg.lr_factor)
             set_lr(optimizer, lr)
-            with run.autocast():
-                loss_sum, _ = seq2seq_loss(run.train_model, batch, ids, cfg.label_smoothing)
-            # DDP averages gradients over the processes: scale so that the update is the global batch's mean.
-            loss = loss_sum / n_tokens * (weight * run.ctx.world)
-            global_loss = distributed.sum_over_processes(loss_sum.detach() * weight, run.ctx) / n_tokens
-            loss.backward()
+            loss_sum = torch.zeros((), device=device)
+            for j in range(len(group)):
+                batch, weight = upcoming
+                with distributed.accumulating(run.train_model, last=j + 1 == len(group)):
+                    with run.autocast():
+                        batch_loss, _ = seq2seq_loss(run.train_model, batch, ids, cfg.label_smoothing)
+                    # The update is the mean over the step's target tokens, in every process and batch: DDP
+                    # averages the gradients over the processes, hence the factor.
+                    (batch_loss / n_tokens * (weight * run.ctx.world)).backward()
+                loss_sum += batch_loss.detach() * weight
+                if loaded < len(todo):  # the host collates the next batch while the device computes this one
+                    upcoming, loaded = load(todo[loaded]), loaded + 1
+            global_loss = distributed.sum_over_processes(loss_sum, run.ctx) / n_tokens
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm, foreach=True)
-            if i + 1 < len(todo):  # the host collates the next batch while the device computes this one
-                upcoming = load(todo[i + 1])
             global_loss, grad_norm = read_back(global_loss, grad_norm)
             seconds = clock.lap()
             run.check_finite(global_loss, "lr_factor")
@@ -478,14 +483,16 @@ def train_seq2seq(task, cfg: TrainConfig, data_dir, tokenizer_dir, model_path, c
             flops = training_flops(cfg.model, run.vocab["tgt_vocab_size"], src_lengths, tgt_lengths)
             run.log(**{"train/loss": global_loss, "train/lr": lr, "train/grad_norm": grad_norm,
                        **speed(n_tokens + sum(src_lengths), flops, seconds, run.peak_tflops)})
+            progress.update(len(group))
             progress.set_postfix(loss=f"{global_loss:.3f}", lr=f"{lr:.2e}")
-            state["batches_done"] += 1
+            state["batches_done"] += len(group)
             if state["step"] % cfg.checkpoint_every == 0:
                 state["elapsed_s"] += time.perf_counter() - started
                 started = time.perf_counter()
                 run.save_last()
                 clock.pause()
 
+        progress.close()
         clock.pause()
         valid_loss = mean_loss(model, valid, ids, cfg.max_tokens, device)
         log.info("epoch %d: valid loss %.4f", epoch + 1, valid_loss)
@@ -579,8 +586,9 @@ def train_lm(task, cfg: LMTrainConfig, data_dir, tokenizer_dir, model_path, chec
                  for name, ids in (("train", train), ("valid", valid))}
     if cfg.batch_size % run.ctx.world:
         raise ConfigError(f"train.batch_size: {cfg.batch_size} does not divide among {run.ctx.world} processes")
-    tokens = cfg.batch_size * cfg.block_size  # every step's, and its FLOPs
-    flops = training_flops(cfg.model, run.vocab["tgt_vocab_size"], [], [cfg.block_size] * cfg.batch_size)
+    blocks = cfg.batch_size * cfg.accumulate  # every step's, and its tokens and FLOPs
+    tokens = blocks * cfg.block_size
+    flops = training_flops(cfg.model, run.vocab["tgt_vocab_size"], [], [cfg.block_size] * blocks)
     run.open()
 
     model.train()
@@ -593,12 +601,16 @@ def train_lm(task, cfg: LMTrainConfig, data_dir, tokenizer_dir, model_path, chec
         step = state["step"]
         lr = lm_lr(step, cfg)
         set_lr(optimizer, lr)
-        x, y = random_blocks(train, cfg.batch_size, cfg.block_size, sampler)  # the global batch
-        x, y = x[run.ctx.rank::run.ctx.world], y[run.ctx.rank::run.ctx.world]  # this process's rows
-        with run.autocast():
-            loss = lm_loss(run.train_model, to_device(x, device), to_device(y, device))
-        global_loss = distributed.sum_over_processes(loss.detach(), run.ctx) / run.ctx.world
-        loss.backward()
+        loss_sum = torch.zeros((), device=device)
+        for j in range(cfg.accumulate):
+            x, y = random_blocks(train, cfg.batch_size, cfg.block_size, sampler)  # a global batch
+            x, y = x[run.ctx.rank::run.ctx.world], y[run.ctx.rank::run.ctx.world]  # this process's rows
+            with distributed.accumulating(run.train_model, last=j + 1 == cfg.accumulate):
+                with run.autocast():
+                    loss = lm_loss(run.train_model, to_device(x, device), to_device(y, device))
+                (loss / cfg.accumulate).backward()  # equal batches: the step's mean is the mean of their means
+            loss_sum += loss.detach()
+        global_loss = distributed.sum_over_processes(loss_sum, run.ctx) / (run.ctx.world * cfg.accumulate)
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm, foreach=True)
         global_loss, grad_norm = read_back(global_loss, grad_norm)
         seconds = clock.lap()

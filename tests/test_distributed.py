@@ -119,8 +119,9 @@ def lm_runs(tmp_path_factory):
     lm["prepare"]["source"] = str(tmp_path / "play.txt")
     # fp32: under the default bf16 the half batches' products round otherwise than the whole batch's, and the
     # weights part by more than 1e-5 within 30 steps
+    # Two batches a step: the first's backward runs under DDP's no_sync, the second's averages the sum.
     lm["train"].update(device="cpu", precision="fp32", max_iters=30, batch_size=8, block_size=16, warmup=5,
-                       eval_every=10, eval_batches=2, checkpoint_every=10)
+                       eval_every=10, eval_batches=2, checkpoint_every=10, accumulate=2)
     lm["train"]["model"].update(d_model=32, n_heads=4, decoder_layers=2, d_ff=64, max_len=16,
                                 dropout=0.0)  # dropout masks are drawn per process
     params_path = prepare(tmp_path, params, "shakespeare")

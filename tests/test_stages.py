@@ -176,6 +176,39 @@ def test_raising_epochs_resumes_to_the_same_model(tmp_path, built, tiny_params):
     assert len(mfu) == summary["step"] // 2 and (mfu > 0).all() and (mfu < 1).all()  # the second epoch's steps
 
 
+def test_accumulating_two_batches_is_one_step_on_both(tmp_path, built, tiny_params, monkeypatch):
+    """train.accumulate: 2 over the epoch's batches b1, b2, b3, ... takes the steps that single batches
+    b1 + b2, b3 + b4, ... take: the same weights, losses and gradient norms (dropout off: its masks
+    follow the batches' shapes)."""
+    make_batches = training.token_budget_batches
+    train = tiny_params["cumsum"]["train"]
+    train["model"]["dropout"] = 0.0
+    paths = lambda d: (built["data"], built["tokenizer"], d / "model.pt", d / "ckpt", d / "live")  # noqa: E731
+    train["accumulate"] = 2
+    summary = training.run("cumsum", stage_config(tiny_params, "cumsum", "train"), *paths(tmp_path / "accumulated"))
+
+    def pairs_joined(*args):
+        batches = make_batches(*args)
+        return [sum(batches[i:i + 2], []) for i in range(0, len(batches), 2)]
+
+    monkeypatch.setattr(training, "token_budget_batches", pairs_joined)
+    train["accumulate"] = 1
+    joined = training.run("cumsum", stage_config(tiny_params, "cumsum", "train"), *paths(tmp_path / "joined"))
+    # Half the steps of the built run's single batches (the same epochs), rounded up each epoch.
+    assert summary["step"] == joined["step"] < built["summary"]["step"] <= 2 * summary["step"]
+    weights = [checkpoint.load(tmp_path / d / "ckpt" / "last.pt")["model"] for d in ("accumulated", "joined")]
+    for name, weight in weights[1].items():
+        if name.endswith("qkv_proj.bias"):  # the keys' third has a zero gradient: rounding noise (see above)
+            weight, weights[0][name] = weight.view(3, -1)[[0, 2]], weights[0][name].view(3, -1)[[0, 2]]
+        torch.testing.assert_close(weights[0][name], weight, rtol=1e-5, atol=1e-6, msg=name)
+    for curve in ("loss", "grad_norm", "lr"):
+        logged = [pd.read_csv(tmp_path / d / "live" / "plots" / "metrics" / "train" / f"{curve}.tsv", sep="\t")
+                  for d in ("accumulated", "joined")]
+        assert list(logged[0]["step"]) == list(logged[1]["step"])
+        torch.testing.assert_close(torch.tensor(logged[0][curve].values), torch.tensor(logged[1][curve].values),
+                                   rtol=1e-5, atol=1e-6)
+
+
 def test_compiled_training_trains_the_same_model(tmp_path, built, tiny_params, monkeypatch):
     """train.compile: the same weights as eager training, through compiled graphs without a break.
     Dropout off: compiled, a CPU draws torch's dropout masks rather than ours. The aot_eager
@@ -215,9 +248,10 @@ def test_changed_params_start_afresh(tmp_path, built, tiny_params):
 
 
 def test_killed_training_resumes_bit_identical(tmp_path, built, tiny_params):
-    """kill -9 the train stage part-way; the re-run resumes and ends where a straight run ends."""
+    """kill -9 the train stage part-way; the re-run resumes and ends where a straight run ends. Two
+    batches a step (train.accumulate), so that the checkpoint falls between steps within an epoch."""
     train = tiny_params["cumsum"]["train"]
-    train.update(epochs=3, checkpoint_every=4)
+    train.update(epochs=3, checkpoint_every=2, accumulate=2)
     train["model"].update(d_model=32, d_ff=64)  # slow enough to be killed mid-run
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump(tiny_params))
@@ -237,6 +271,7 @@ def test_killed_training_resumes_bit_identical(tmp_path, built, tiny_params):
     process.wait()
     interrupted = checkpoint.load(killed / "ckpt" / "last.pt")
     assert interrupted["epoch"] < 3, "the run finished before it could be killed"
+    assert interrupted["batches_done"] > 0, "killed between epochs: nothing resumed inside one"
     (killed / "ckpt" / ".last.pt.k1ll3d.tmp").write_bytes(b"half a checkpoint")  # as a kill mid-save leaves
 
     result = subprocess.run(command(killed), cwd=ROOT, capture_output=True, text=True)
