@@ -2,6 +2,7 @@
 
     python -m lib.generate --task multi30k --input FILE --output FILE [--beam-size N] [--alpha A]
     python -m lib.generate --task shakespeare --prompt TEXT --max-new-tokens N --temperature T --top-k K
+    ... --attention DIR    also draw the attention that wrote each output (DIR/attention.md)
 
 ``-`` as --input or --output is stdin or stdout. The model and tokenizer come
 from ``models/<task>/`` (what ``dvc repro`` wrote; --models DIR for another
@@ -12,7 +13,9 @@ characters the vocabulary lacks are read as <unk>, and named on stderr.
 """
 
 import argparse
+import os
 import sys
+import tempfile
 import unicodedata
 from pathlib import Path
 
@@ -20,7 +23,7 @@ import torch
 
 from lib import checkpoint
 from lib.checkpoint import atomic_path
-from lib.data import utf8_text
+from lib.data import Pairs, collate, utf8_text
 from lib.decoding import sample, translate
 from lib.tasks import get_task
 from lib.tokenizer import decode, encode_sources, special_ids, unknown_words
@@ -51,8 +54,9 @@ def unknown_note(text: str, encoding, unk: int) -> str | None:
 
 
 def translate_lines(model, tokenizers, lines: list[str], beam_size: int, alpha: float, max_extra_tokens: int,
-                    max_tokens: int) -> tuple[list[str], list[str]]:
-    """One output per line, and the messages about the lines left empty or read in part as <unk>."""
+                    max_tokens: int) -> tuple[list[str], list[str], dict[int, tuple[list[int], list[int]]]]:
+    """One output per line; the messages about the lines left empty or read in part as <unk>; and the
+    token ids of each translated line's source and output, by line index."""
     ids = special_ids(tokenizers)
     texts = [unicodedata.normalize("NFC", line).strip() for line in lines]
     encodings = encode_sources(tokenizers, texts)
@@ -72,7 +76,70 @@ def translate_lines(model, tokenizers, lines: list[str], beam_size: int, alpha: 
     translations = [""] * len(lines)
     for i, text in zip(keep, decode(tokenizers.target, outputs)):
         translations[i] = text
-    return translations, messages
+    return translations, messages, {i: (encoded[i], tokens) for i, tokens in zip(keep, outputs)}
+
+
+ATTENTION_BATCH = 32  # lines drawn per forward pass
+LM_ATTENTION_TOKENS = 64  # the LM's drawing covers the text's first tokens: a wider grid is unreadable
+
+
+def draw_translation_attention(model, tokenizers, lines: list[str], translations: list[str],
+                               written: dict[int, tuple[list[int], list[int]]], figures: Path) -> list[str]:
+    """For each translated line, the attention that wrote its output (encoder self, decoder self and
+    cross, every layer and head), with the model teacher-forced on that output: each decoder row is the
+    step that chose the token it is labelled with. Figures go to ``figures``; returns the page's lines."""
+    from lib.reporting import attention_maps, example_heatmaps, token_strings  # matplotlib, only when asked
+
+    ids = special_ids(tokenizers)
+    device = next(model.parameters()).device
+    numbers = sorted(written)
+    page = ["# Attention", "",
+            "For each line, one panel per layer (rows) and head (columns). Decoder rows are the steps of the "
+            "output, labelled by the token each chose; columns are the tokens it reads.", ""]
+    for first in range(0, len(numbers), ATTENTION_BATCH):
+        chunk = numbers[first:first + ATTENTION_BATCH]
+        pairs = Pairs([written[n][0] for n in chunk], [written[n][1] for n in chunk])
+        batch = collate(pairs, list(range(len(chunk))), ids).to(device)
+        maps, _ = attention_maps(model, batch, ids)
+        maps = {kind: [w.float().cpu() for w in layers] for kind, layers in maps.items()}
+        for i, n in enumerate(chunk):
+            S, T = len(pairs.src[i]), len(pairs.tgt[i]) + 1  # the real lengths, padding cut off
+            page += [f"## Line {n + 1}", "", f"- source: `{lines[n].strip()}`", f"- output: `{translations[n]}`", ""]
+            page += example_heatmaps(maps, i, token_strings(tokenizers.source, batch.src[i, :S].cpu()),
+                                     token_strings(tokenizers.target, batch.tgt_in[i, :T].cpu()),
+                                     token_strings(tokenizers.target, batch.tgt_out[i, :T].cpu()), f"line {n + 1}",
+                                     f"line{n + 1}", figures, Path("."))
+    return page
+
+
+def draw_lm_attention(model, tokenizer, tokens: list[int], block_size: int, figures: Path) -> list[str]:
+    """The self-attention over the first tokens of the prompt and its continuation: ``LM_ATTENTION_TOKENS``,
+    or the model's training block if that is shorter."""
+    from lib.reporting import plot_attention_grid, token_strings, visible  # matplotlib, only when asked
+
+    shown = torch.tensor(tokens[:min(LM_ATTENTION_TOKENS, block_size)])  # (T,)
+    with torch.no_grad():
+        _, layers = model.forward_with_attention(shown[None].to(next(model.parameters()).device))  # [(1, H, T, T)]
+    labels = [visible(token) for token in token_strings(tokenizer, shown)]
+    plot_attention_grid([w[0].float().cpu() for w in layers], labels, labels,
+                        f"Self-attention over the first {len(shown)} tokens", figures / "self_attention.png")
+    return ["# Attention", "",
+            f"The first {len(shown)} tokens of the prompt and its continuation. Rows: the position predicting "
+            "the next token; columns: the positions it reads. One panel per layer (rows) and head (columns).", "",
+            "![self-attention](self_attention.png)", ""]
+
+
+def write_figures(out_dir: Path, draw):
+    """``draw(figures)`` writes PNGs into a temporary directory beside ``out_dir`` and returns the lines of
+    attention.md; every file then moves into ``out_dir`` (created if need be; other files there are left
+    alone), so an error or Ctrl-C leaves no half-drawn figure."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=f".{out_dir.name}.") as tmp:
+        figures = Path(tmp)
+        (figures / "attention.md").write_text("\n".join(draw(figures)), encoding="utf-8")
+        out_dir.mkdir(exist_ok=True)
+        for path in sorted(figures.iterdir()):
+            os.replace(path, out_dir / path.name)
 
 
 # The options of each kind of task; given for the other kind, they are an error rather than ignored.
@@ -121,11 +188,17 @@ def main(argv=None):
     lm.add_argument("--top-k", type=int, default=0, help="0: no top-k filter")
     lm.add_argument("--top-p", type=float, default=1.0, help="1: no nucleus filter")
     lm.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--attention", metavar="DIR",
+                        help="also draw the attention that wrote each output, every layer and head: DIR/attention.md "
+                             "and its PNGs (three per translated line: meant for a few sentences; the LM's covers "
+                             f"the first {LM_ATTENTION_TOKENS} tokens, at most its training block)")
     args = parser.parse_args(argv)
 
     try:
         if args.output != "-" and Path(args.output).is_dir():  # found out before the work, not after it
             raise ValueError(f"--output {args.output}: is a directory; give a file name")
+        if args.attention and Path(args.attention).exists() and not Path(args.attention).is_dir():
+            raise ValueError(f"--attention {args.attention}: is a file; give a directory")
         kind = get_task(args.task).KIND
         check_options(parser, args, kind)  # before the model loads
         directory = Path(args.models or Path("models") / args.task)
@@ -134,10 +207,14 @@ def main(argv=None):
             raise ValueError(f"{directory / 'model.pt'} holds a model of kind {state['kind']!r}, but {args.task} "
                              f"is a {kind!r} task")
         if kind == "seq2seq":
-            translations, messages = translate_lines(model, tokenizers, read_lines(args.input), args.beam_size,
-                                                     args.alpha, args.max_extra_tokens, args.max_tokens)
+            lines = read_lines(args.input)
+            translations, messages, written = translate_lines(model, tokenizers, lines, args.beam_size, args.alpha,
+                                                              args.max_extra_tokens, args.max_tokens)
             for message in messages:
                 print(f"generate: {message}", file=sys.stderr)
+            if args.attention:
+                write_figures(Path(args.attention), lambda figures: draw_translation_attention(
+                    model, tokenizers, lines, translations, written, figures))
             write_text(args.output, "".join(t + "\n" for t in translations))
         else:
             encoding = tokenizers.target.encode(args.prompt, add_special_tokens=False)
@@ -146,6 +223,9 @@ def main(argv=None):
             prompt = encoding.ids
             out = sample(model, prompt, args.max_new_tokens, args.temperature, args.top_k,
                          torch.Generator().manual_seed(args.seed), state["block_size"], args.top_p)
+            if args.attention:
+                write_figures(Path(args.attention), lambda figures: draw_lm_attention(
+                    model, tokenizers.target, out, state["block_size"], figures))
             write_text(args.output, args.prompt + tokenizers.target.decode(out[len(prompt):]) + "\n")
     except (ValueError, FileNotFoundError, OSError) as err:
         print(f"generate: error: {err}", file=sys.stderr)

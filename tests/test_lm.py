@@ -254,8 +254,10 @@ def test_generate_continues_a_prompt(tmp_path, lm_built, capsys):
     generate.main(run + ["--prompt", "ROMEO:\n", "--top-p", "0.9", "--seed", "3"])
     first = capsys.readouterr().out
     assert first.startswith("ROMEO:\n") and len(first) == len("ROMEO:\n") + 25 + 1  # one character a token
-    generate.main(run + ["--prompt", "ROMEO:\n", "--top-p", "0.9", "--seed", "3"])
-    assert capsys.readouterr().out == first  # seeded
+    generate.main(run + ["--prompt", "ROMEO:\n", "--top-p", "0.9", "--seed", "3", "--attention", str(tmp_path / "att")])
+    assert capsys.readouterr().out == first  # seeded, and drawing its attention changes nothing
+    assert sorted(p.name for p in (tmp_path / "att").iterdir()) == ["attention.md", "self_attention.png"]
+    assert "The first 16 tokens of the prompt" in (tmp_path / "att" / "attention.md").read_text()  # its block size
     generate.main(run + ["--prompt", "ROMEO☃:\n"])
     assert "the prompt: not in the model's vocabulary, read as <unk>: '☃'" in capsys.readouterr().err
     with pytest.raises(SystemExit):

@@ -1,6 +1,7 @@
 """The multi30k task on a tiny parallel corpus the tests write: loading, bad data, BPE, BLEU, training."""
 
 import gzip
+import os
 import re
 import shutil
 import subprocess
@@ -322,6 +323,54 @@ def test_generate_translates_a_file_line_by_line(tmp_path, trained, capsys):
         assert re.search(r"line 3: \d+ tokens, more than the model's max_len 64", err)
         assert "line 1: not in the model's vocabulary, read as <unk>: '☃', '北京'" in err  # adjacent ones joined
         assert "line 4:" not in err
+
+
+def test_generate_draws_the_attention_that_wrote_each_output(tmp_path, trained, capsys, monkeypatch):
+    """--attention DIR: per translated line, the three kinds of attention of the model teacher-forced on its
+    own output, cut to the line's real lengths (the same weights as that line run alone, unpadded), rows
+    labelled by the output's tokens and <eos>; empty lines drawn never; nothing left half-written."""
+    from lib import generate, reporting
+    from lib.data import Pairs, collate
+    from lib.decoding import translate
+    from lib.tokenizer import encode_sources, special_ids
+
+    drawn = {}
+    real = reporting.example_heatmaps
+    monkeypatch.setattr(reporting, "example_heatmaps", lambda maps, i, src, tgt_in, predicted, title, *rest: drawn.update(
+        {title: ({k: [w[i] for w in v] for k, v in maps.items()}, src, predicted)})
+        or real(maps, i, src, tgt_in, predicted, title, *rest))
+    (tmp_path / "in.txt").write_text("\n".join([GERMAN[0], "", GERMAN[1]]) + "\n", encoding="utf-8")
+    out_dir = tmp_path / "attention"
+    generate.main(["--task", "multi30k", "--models", str(trained), "--input", str(tmp_path / "in.txt"),
+                   "--output", str(tmp_path / "out.txt"), "--attention", str(out_dir)])
+    outputs = (tmp_path / "out.txt").read_text(encoding="utf-8").split("\n")
+    assert sorted(p.name for p in out_dir.iterdir()) == ["attention.md"] + sorted(
+        f"{kind}_attention_line{n}.png" for kind in ("cross", "decoder_self", "encoder_self") for n in (1, 3))
+    assert all((out_dir / name).stat().st_size > 0 for name in os.listdir(out_dir))
+    page = (out_dir / "attention.md").read_text(encoding="utf-8")
+    assert f"- output: `{outputs[2]}`" in page and "## Line 2" not in page and "](./cross_attention_line3.png)" in page
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".attention")]  # no temporary left
+
+    model, toks, _ = checkpoint.load_trained(trained / "model.pt", trained / "tokenizer")
+    ids = special_ids(toks)
+    maps, src, labels = drawn["line 3"]
+    source = encode_sources(toks, [GERMAN[1]])[0].ids
+    [output] = translate(model, [source], ids, 8192, 20)  # generate's defaults: greedy, 20 extra tokens
+    assert toks.target.decode(output) == outputs[2]
+    assert src == [toks.source.id_to_token(t) for t in source]
+    assert labels == [toks.target.id_to_token(t) for t in output] + ["<eos>"]
+    alone, _ = reporting.attention_maps(model, collate(Pairs([source], [output]), [0], ids), ids)
+    for kind, layers in alone.items():
+        for layer, weights in enumerate(layers):  # (1, H, rows, columns): this line's real lengths
+            rows, columns = weights.shape[-2:]
+            torch.testing.assert_close(maps[kind][layer][:, :rows, :columns], weights[0], msg=kind)
+
+    before = (tmp_path / "out.txt").read_text(encoding="utf-8")
+    with pytest.raises(SystemExit):
+        generate.main(["--task", "multi30k", "--models", str(trained), "--input", str(tmp_path / "in.txt"),
+                       "--output", str(tmp_path / "out.txt"), "--attention", str(tmp_path / "in.txt")])
+    assert "generate: error: --attention " in capsys.readouterr().err
+    assert (tmp_path / "out.txt").read_text(encoding="utf-8") == before
 
 
 def test_generate_reads_stdin_and_names_what_it_cannot_use(tmp_path, trained, capsys, monkeypatch):
