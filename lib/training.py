@@ -448,7 +448,7 @@ def train_seq2seq(task, cfg: TrainConfig, data_dir, tokenizer_dir, model_path, c
         epoch, started = state["epoch"], time.perf_counter()
         order = torch.Generator().manual_seed(cfg.seed * 1_000_003 + epoch)
         batches = token_budget_batches(train, cfg.max_tokens, order)
-        todo = batches[state["batches_done"]:]  # a checkpoint falls between steps: a whole number of them
+        todo = batches[state["batches_done"]:]  # resuming mid-epoch: checkpoints fall between steps' groups
         steps = [todo[i:i + cfg.accumulate] for i in range(0, len(todo), cfg.accumulate)]  # each step's batches
         progress = tqdm(desc=f"epoch {epoch + 1}/{cfg.epochs}", initial=state["batches_done"], total=len(batches),
                         leave=False, disable=not run.ctx.is_main)
