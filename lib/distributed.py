@@ -61,8 +61,9 @@ def wrap(model: torch.nn.Module, ctx: Context, device: torch.device) -> torch.nn
 
 
 def accumulating(model: torch.nn.Module, last: bool):
-    """Where a step's backward passes run: all but its last keep their gradients in this process, adding
-    to them (DDP's ``no_sync``), so that DDP averages the step's sum once, at its last batch."""
+    """The context of one of a step's backward passes: all but the step's last keep their gradients in
+    this process, adding to them (DDP's ``no_sync``), so that DDP averages the step's sum once, at its
+    last batch."""
     if last or not hasattr(model, "no_sync"):  # a single process has nothing to hold back
         return contextlib.nullcontext()
     return model.no_sync()
