@@ -27,6 +27,7 @@ import copy
 import json
 import subprocess
 import tempfile
+import textwrap
 import time
 from datetime import date
 from pathlib import Path
@@ -193,12 +194,14 @@ def write_page(results: dict, setting: str, prepare, out: Path):
     stops = {v: {side: cumsum.lengths_as_numbers(shares) for side, shares in r["stop_errors_by_length"].items()}
              for v, r in results.items() if "stop_errors_by_length" in r}
     lengths = sorted(next(iter(exact.values())))
-    fig, ax = plt.subplots(figsize=(max(8, len(lengths) / 3), 4))
+    width = max(8, len(lengths) / 3)  # inches
+    fig, ax = plt.subplots(figsize=(width, 4))
     for variant, shares in exact.items():
         ax.plot(lengths, [shares[n] for n in lengths], "o-", markersize=3, label=variant)
     ax.axvspan(lo - 0.5, hi + 0.5, color="tab:green", alpha=0.1, label="trained lengths")
     ax.set(xlabel="sequence length", ylabel="exact-sequence match", ylim=(-0.02, 1.02), xticks=lengths,
-           title=f"cumsum length generalisation by position encoding ({setting})")
+           title=textwrap.fill(f"cumsum length generalisation by position encoding ({setting})",
+                               int(width * 11)))  # a long setting wraps rather than running off the image
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
