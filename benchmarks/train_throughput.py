@@ -28,7 +28,6 @@ import json
 import math
 import platform
 import statistics
-import time
 from datetime import date
 from pathlib import Path
 

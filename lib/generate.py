@@ -88,7 +88,7 @@ def draw_translation_attention(model, tokenizers, lines: list[str], translations
     """For each translated line, the attention that wrote its output (encoder self, decoder self and
     cross, every layer and head), with the model teacher-forced on that output: each decoder row is the
     step that chose the token it is labelled with. Figures go to ``figures``; returns the page's lines."""
-    from lib.reporting import attention_maps, example_heatmaps, token_strings  # matplotlib, only when asked
+    from lib.reporting import attention_maps, pair_heatmaps  # matplotlib, only when asked
 
     ids = special_ids(tokenizers)
     device = next(model.parameters()).device
@@ -103,12 +103,9 @@ def draw_translation_attention(model, tokenizers, lines: list[str], translations
         maps, _ = attention_maps(model, batch, ids)
         maps = {kind: [w.float().cpu() for w in layers] for kind, layers in maps.items()}
         for i, n in enumerate(chunk):
-            S, T = len(pairs.src[i]), len(pairs.tgt[i]) + 1  # the real lengths, padding cut off
             page += [f"## Line {n + 1}", "", f"- source: `{lines[n].strip()}`", f"- output: `{translations[n]}`", ""]
-            page += example_heatmaps(maps, i, token_strings(tokenizers.source, batch.src[i, :S].cpu()),
-                                     token_strings(tokenizers.target, batch.tgt_in[i, :T].cpu()),
-                                     token_strings(tokenizers.target, batch.tgt_out[i, :T].cpu()), f"line {n + 1}",
-                                     f"line{n + 1}", figures, Path("."))
+            page += pair_heatmaps(maps, batch, pairs, i, tokenizers, f"line {n + 1}", f"line{n + 1}", figures,
+                                  Path("."))
     return page
 
 

@@ -171,6 +171,17 @@ def example_heatmaps(maps, i: int, src: list[str], tgt_in: list[str], predicted:
     return lines
 
 
+def pair_heatmaps(maps, batch, pairs, i: int, tokenizers, title: str, stem: str, figures_dir: Path, rel: Path,
+                  predicted: torch.Tensor | None = None, red_rows: frozenset[int] = frozenset()) -> list[str]:
+    """``example_heatmaps`` of pair i of a teacher-forced ``batch`` (collated from ``pairs``), cut to the
+    pair's real lengths; decoder rows labelled by ``predicted`` (T,), by default the target's own tokens."""
+    S, T = len(pairs.src[i]), len(pairs.tgt[i]) + 1  # the real lengths (the target with its eos), no padding
+    predicted = batch.tgt_out[i, :T] if predicted is None else predicted
+    return example_heatmaps(maps, i, token_strings(tokenizers.source, batch.src[i, :S].cpu()),
+                            token_strings(tokenizers.target, batch.tgt_in[i, :T].cpu()),
+                            token_strings(tokenizers.target, predicted.cpu()), title, stem, figures_dir, rel, red_rows)
+
+
 def plot_by_length(shares: dict[int, float], trained: tuple[int, int], out: Path):
     """Exact match by length ({1: share, ...}), the trained lengths shaded."""
     lengths = list(shares)
@@ -221,7 +232,7 @@ def breaking_section(module, model, tokenizers, by_length: dict, samples: pd.Dat
                                                    "tgt": [example.greedy, example.reference]}))
     batch = collate(pairs, [0], ids)
     maps, likeliest = attention_maps(model, batch, ids)
-    S, T = len(pairs.src[0]), len(pairs.tgt[0]) + 1
+    T = len(pairs.tgt[0]) + 1  # the output and its <eos>
     expected = pairs.tgt[1] + [ids.eos]
     said = likeliest[0, :T].tolist()  # the greedy output and its <eos>, as the decoder chose them
     red = frozenset(t for t, token in enumerate(said) if t >= len(expected) or token != expected[t])
@@ -235,10 +246,8 @@ def breaking_section(module, model, tokenizers, by_length: dict, samples: pd.Dat
               "The attention that wrote that output: the model teacher-forced on its own greedy output, so "
               "each decoder row is the step that chose its token. Red rows chose a token other than the "
               "reference's.", ""]
-    return lines + example_heatmaps(maps, 0, token_strings(tokenizers.source, batch.src[0, :S]),
-                                    token_strings(tokenizers.target, batch.tgt_in[0, :T]),
-                                    token_strings(tokenizers.target, likeliest[0, :T]),
-                                    f"length {length}, wrong", "breaks", figures_dir, rel, red)
+    return lines + pair_heatmaps(maps, batch, pairs, 0, tokenizers, f"length {length}, wrong", "breaks", figures_dir,
+                                 rel, likeliest[0, :T], red)
 
 
 def seq2seq_sections(module, cfg, data_dir, tokenizers, model, metrics, samples, figures_dir: Path, rel: Path):
@@ -255,12 +264,10 @@ def seq2seq_sections(module, cfg, data_dir, tokenizers, model, metrics, samples,
              "the tokens it reads. Decoder self-attention is empty above the diagonal: no position sees "
              "the future.", ""]
     for i in examples:
-        S, T = len(pairs.src[i]), len(pairs.tgt[i]) + 1  # the real lengths, padding cut off
-        src = token_strings(tokenizers.source, batch.src[i, :S])
+        src = token_strings(tokenizers.source, batch.src[i, :len(pairs.src[i])])
         lines += [f"### Test example {i + 1}: `{' '.join(src)}`", ""]
-        lines += example_heatmaps(maps, i, src, token_strings(tokenizers.target, batch.tgt_in[i, :T]),
-                                  token_strings(tokenizers.target, batch.tgt_out[i, :T]), f"test example {i + 1}",
-                                  str(i + 1), figures_dir, rel)
+        lines += pair_heatmaps(maps, batch, pairs, i, tokenizers, f"test example {i + 1}", str(i + 1), figures_dir,
+                               rel)
     if "by_length" in metrics:
         train_lengths = read_split(data_dir, "train")["src"].str.split().str.len()
         trained = (train_lengths.min(), train_lengths.max())
