@@ -21,7 +21,8 @@ from lib.tokenizer import SpecialIds
 @dataclass(frozen=True)
 class Hypothesis:
     tokens: list[int]  # without bos and eos
-    score: float  # log-probability / length penalty (see ``length_penalty``)
+    score: float  # log_prob / length penalty (see ``length_penalty``): what beam search ranks by
+    log_prob: float  # the model's log-probability of the tokens, eos included when it ended with one
     eos: bool  # ended with eos (False: cut at its length limit); the eos is part of the score
 
 
@@ -151,9 +152,18 @@ def beam_search(model, src: torch.Tensor, ids: SpecialIds, max_new_tokens: torch
     results = []
     for b in range(B):
         order = scores[b].argsort(descending=True, stable=True).tolist()
-        results.append([Hypothesis(_strip(tokens[b * K + k], ids), scores[b, k].item(), eos[b * K + k])
-                        for k in order[:n_best] if scores[b, k].isfinite()])
+        results.append([Hypothesis(_strip(tokens[b * K + k], ids), scores[b, k].item(), log_prob[b * K + k].item(),
+                                   eos[b * K + k]) for k in order[:n_best] if scores[b, k].isfinite()])
     return results
+
+
+def _source_batches(model, sources: list[list[int]], ids: SpecialIds, max_tokens: int, max_extra_tokens: int):
+    """(indices, src (B, S), limit (B,)) for each batch of sources, on the model's device."""
+    device = next(model.parameters()).device
+    pairs = Pairs(sources, [[] for _ in sources])
+    for indices in token_budget_batches(pairs, max_tokens):
+        src = collate(pairs, indices, ids).src.to(device)  # (B, S)
+        yield indices, src, (src != ids.pad).sum(dim=1) + max_extra_tokens
 
 
 def translate(model, sources: list[list[int]], ids: SpecialIds, max_tokens: int, max_extra_tokens: int,
@@ -163,18 +173,25 @@ def translate(model, sources: list[list[int]], ids: SpecialIds, max_tokens: int,
     Sources are batched by length within ``max_tokens``; each may produce its
     length + ``max_extra_tokens`` tokens (eos included).
     """
-    device = next(model.parameters()).device
-    pairs = Pairs(sources, [[] for _ in sources])
+    if beam_size > 1:
+        return [hypotheses[0].tokens for hypotheses in translate_n_best(
+            model, sources, ids, max_tokens, max_extra_tokens, beam_size, alpha, use_cache=use_cache)]
     outputs: list[list[int]] = [[] for _ in sources]
-    for indices in token_budget_batches(pairs, max_tokens):
-        src = collate(pairs, indices, ids).src.to(device)  # (B, S)
-        limit = (src != ids.pad).sum(dim=1) + max_extra_tokens  # (B,)
-        if beam_size > 1:
-            best = [b[0].tokens for b in beam_search(model, src, ids, limit, beam_size, alpha, use_cache=use_cache)]
-        else:
-            best = greedy_decode(model, src, ids, limit, use_cache=use_cache)
-        for i, tokens in zip(indices, best):
+    for indices, src, limit in _source_batches(model, sources, ids, max_tokens, max_extra_tokens):
+        for i, tokens in zip(indices, greedy_decode(model, src, ids, limit, use_cache=use_cache)):
             outputs[i] = tokens
+    return outputs
+
+
+def translate_n_best(model, sources: list[list[int]], ids: SpecialIds, max_tokens: int, max_extra_tokens: int,
+                     beam_size: int, alpha: float = 0.0, n_best: int = 1,
+                     use_cache: bool = True) -> list[list[Hypothesis]]:
+    """Beam search's ``n_best`` hypotheses for every source, in order, best first, with their scores
+    (beam_size 1: greedy search's output, scored)."""
+    outputs: list[list[Hypothesis]] = [[] for _ in sources]
+    for indices, src, limit in _source_batches(model, sources, ids, max_tokens, max_extra_tokens):
+        for i, hypotheses in zip(indices, beam_search(model, src, ids, limit, beam_size, alpha, n_best, use_cache)):
+            outputs[i] = hypotheses
     return outputs
 
 

@@ -1,6 +1,6 @@
 """Use a trained model: translate a file line by line, or continue a prompt with the LM.
 
-    python -m lib.generate --task multi30k --input FILE --output FILE [--beam-size N] [--alpha A]
+    python -m lib.generate --task multi30k --input FILE --output FILE [--beam-size N] [--alpha A] [--n-best K]
     python -m lib.generate --task shakespeare --prompt TEXT --max-new-tokens N --temperature T --top-k K
     ... --attention DIR    also draw the attention that wrote each output (DIR/attention.md)
 
@@ -10,9 +10,13 @@ place). A translation file gets one output line per input line: an empty line
 gives an empty line, and a line longer than the model accepts gets a message
 on stderr and an empty line, so one bad line never stops the file. Words or
 characters the vocabulary lacks are read as <unk>, and named on stderr.
+``--n-best K`` writes instead a table of each line's K best outputs with their
+scores (``N_BEST_COLUMNS``).
 """
 
 import argparse
+import csv
+import io
 import os
 import sys
 import tempfile
@@ -20,11 +24,12 @@ import unicodedata
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from lib import checkpoint
 from lib.checkpoint import atomic_path
 from lib.data import Pairs, collate, utf8_text
-from lib.decoding import sample, translate
+from lib.decoding import Hypothesis, sample, translate_n_best
 from lib.tasks import get_task
 from lib.tokenizer import decode, encode_sources, special_ids, unknown_words
 
@@ -54,9 +59,11 @@ def unknown_note(text: str, encoding, unk: int) -> str | None:
 
 
 def translate_lines(model, tokenizers, lines: list[str], beam_size: int, alpha: float, max_extra_tokens: int,
-                    max_tokens: int) -> tuple[list[str], list[str], dict[int, tuple[list[int], list[int]]]]:
-    """One output per line; the messages about the lines left empty or read in part as <unk>; and the
-    token ids of each translated line's source and output, by line index."""
+                    max_tokens: int, n_best: int = 1
+                    ) -> tuple[list[str], list[str], dict[int, tuple[list[int], list[Hypothesis]]]]:
+    """One output per line; the messages about the lines left empty or read in part as <unk>; and, by line
+    index, each translated line's source ids and its ``n_best`` outputs, best first, with their scores.
+    beam_size 1 is greedy search (beam search of one beam is greedy search, scored)."""
     ids = special_ids(tokenizers)
     texts = [unicodedata.normalize("NFC", line).strip() for line in lines]
     encodings = encode_sources(tokenizers, texts)
@@ -72,11 +79,33 @@ def translate_lines(model, tokenizers, lines: list[str], beam_size: int, alpha: 
         if note := unknown_note(text, encoding, ids.unk):
             messages.append(f"line {number}: {note}")
         keep.append(number - 1)
-    outputs = translate(model, [encoded[i] for i in keep], ids, max_tokens, max_extra_tokens, beam_size, alpha)
+    outputs = translate_n_best(model, [encoded[i] for i in keep], ids, max_tokens, max_extra_tokens, beam_size,
+                               alpha, n_best)
     translations = [""] * len(lines)
-    for i, text in zip(keep, decode(tokenizers.target, outputs)):
+    for i, text in zip(keep, decode(tokenizers.target, [hypotheses[0].tokens for hypotheses in outputs])):
         translations[i] = text
-    return translations, messages, {i: (encoded[i], tokens) for i, tokens in zip(keep, outputs)}
+    return translations, messages, {i: (encoded[i], hypotheses) for i, hypotheses in zip(keep, outputs)}
+
+
+N_BEST_COLUMNS = ("line", "rank", "score", "log_prob", "tokens", "eos", "translation")
+
+
+def n_best_table(tokenizers, written: dict[int, tuple[list[int], list[Hypothesis]]]) -> str:
+    """Tab-separated, with a header: for each translated line (numbered from 1) its outputs, best first.
+    log_prob is the model's log-probability of the output (natural log), eos included when the output
+    ended with one (eos false: it was cut at its length limit); score is what beam search ranks by,
+    log_prob / ((5 + tokens) / 6) ** alpha, where tokens counts the eos too. A field holding a tab, a
+    newline or a double quote is quoted, as CSV does, so that ``pandas.read_csv(sep="\\t")`` reads it."""
+    table = io.StringIO()
+    writer = csv.writer(table, delimiter="\t", lineterminator="\n")
+    writer.writerow(N_BEST_COLUMNS)
+    for i in sorted(written):
+        hypotheses = written[i][1]
+        texts = decode(tokenizers.target, [h.tokens for h in hypotheses])
+        for rank, (h, text) in enumerate(zip(hypotheses, texts), start=1):
+            writer.writerow([i + 1, rank, f"{h.score:.4f}", f"{h.log_prob:.4f}", len(h.tokens) + h.eos,
+                             str(h.eos).lower(), text])
+    return table.getvalue()
 
 
 ATTENTION_BATCH = 32  # lines drawn per forward pass
@@ -96,9 +125,10 @@ def draw_translation_attention(model, tokenizers, lines: list[str], translations
     page = ["# Attention", "",
             "For each line, one panel per layer (rows) and head (columns). Decoder rows are the steps of the "
             "output, labelled by the token each chose; columns are the tokens it reads.", ""]
+    progress = tqdm(total=len(numbers), desc="drawing attention", unit="line", leave=False)  # ~1-3 s a line
     for first in range(0, len(numbers), ATTENTION_BATCH):
         chunk = numbers[first:first + ATTENTION_BATCH]
-        pairs = Pairs([written[n][0] for n in chunk], [written[n][1] for n in chunk])
+        pairs = Pairs([written[n][0] for n in chunk], [written[n][1][0].tokens for n in chunk])  # the best output
         batch = collate(pairs, list(range(len(chunk))), ids).to(device)
         maps, _ = attention_maps(model, batch, ids)
         maps = {kind: [w.float().cpu() for w in layers] for kind, layers in maps.items()}
@@ -106,6 +136,8 @@ def draw_translation_attention(model, tokenizers, lines: list[str], translations
             page += [f"## Line {n + 1}", "", f"- source: `{lines[n].strip()}`", f"- output: `{translations[n]}`", ""]
             page += pair_heatmaps(maps, batch, pairs, i, tokenizers, f"line {n + 1}", f"line{n + 1}", figures,
                                   Path("."))
+            progress.update()
+    progress.close()
     return page
 
 
@@ -140,7 +172,7 @@ def write_figures(out_dir: Path, draw):
 
 
 # The options of each kind of task; given for the other kind, they are an error rather than ignored.
-TRANSLATION_OPTIONS = ("input", "beam_size", "alpha", "max_extra_tokens", "max_tokens")
+TRANSLATION_OPTIONS = ("input", "beam_size", "alpha", "max_extra_tokens", "max_tokens", "n_best")
 LM_OPTIONS = ("prompt", "max_new_tokens", "temperature", "top_k", "top_p", "seed")
 
 
@@ -149,7 +181,9 @@ def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace, kin
     if kind == "seq2seq":
         errors = [] if args.input else ["--input is required to translate (a file, or - for stdin)"]
         rules = [("beam_size", args.beam_size >= 1, ">= 1 (1: greedy)"), ("alpha", args.alpha >= 0, ">= 0"),
-                 ("max_extra_tokens", args.max_extra_tokens >= 0, ">= 0"), ("max_tokens", args.max_tokens >= 1, ">= 1")]
+                 ("max_extra_tokens", args.max_extra_tokens >= 0, ">= 0"), ("max_tokens", args.max_tokens >= 1, ">= 1"),
+                 ("n_best", args.n_best is None or 1 <= args.n_best <= args.beam_size,
+                  f"in [1, --beam-size {args.beam_size}] (the beam holds that many outputs)")]
     else:
         errors = [] if args.prompt else ["--prompt is required (and must not be empty) to sample from the LM"]
         rules = [("max_new_tokens", args.max_new_tokens >= 1, ">= 1"), ("temperature", args.temperature > 0, "> 0"),
@@ -178,6 +212,9 @@ def main(argv=None):
     translation.add_argument("--max-extra-tokens", type=int, default=20,
                              help="an output has at most source length + this many tokens (default 20)")
     translation.add_argument("--max-tokens", type=int, default=8192, help="token budget of a batch")
+    translation.add_argument("--n-best", type=int, metavar="K",
+                             help="write each line's K best outputs (K <= --beam-size) with their scores, as a "
+                                  "tab-separated table: " + ", ".join(N_BEST_COLUMNS))
     lm = parser.add_argument_group("language model (lm tasks)")
     lm.add_argument("--prompt", help="the text to continue")
     lm.add_argument("--max-new-tokens", type=int, default=200)
@@ -206,13 +243,14 @@ def main(argv=None):
         if kind == "seq2seq":
             lines = read_lines(args.input)
             translations, messages, written = translate_lines(model, tokenizers, lines, args.beam_size, args.alpha,
-                                                              args.max_extra_tokens, args.max_tokens)
+                                                              args.max_extra_tokens, args.max_tokens, args.n_best or 1)
             for message in messages:
                 print(f"generate: {message}", file=sys.stderr)
             if args.attention:
                 write_figures(Path(args.attention), lambda figures: draw_translation_attention(
                     model, tokenizers, lines, translations, written, figures))
-            write_text(args.output, "".join(t + "\n" for t in translations))
+            write_text(args.output, n_best_table(tokenizers, written) if args.n_best else
+                       "".join(t + "\n" for t in translations))
         else:
             encoding = tokenizers.target.encode(args.prompt, add_special_tokens=False)
             if note := unknown_note(args.prompt, encoding, special_ids(tokenizers).unk):

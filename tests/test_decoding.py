@@ -83,6 +83,7 @@ def test_every_reported_score_is_the_models_log_probability(alpha):
         for h in hypotheses:
             expected = sequence_score(model, src[b:b + 1], IDS, h.tokens, h.eos, alpha)
             assert h.score == pytest.approx(expected, abs=1e-4)
+            assert h.log_prob == pytest.approx(sequence_score(model, src[b:b + 1], IDS, h.tokens, h.eos), abs=1e-4)
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.6])

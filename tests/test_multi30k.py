@@ -276,6 +276,7 @@ def test_source_eos_ends_every_source_the_model_reads(tmp_path, corpus, monkeypa
     """tokenize.source_eos is kept in the tokenizer file (its source side's post-processor), so training,
     evaluation and lib.generate all give the model the same sources; targets never get the <eos>."""
     from lib import generate
+    from lib.decoding import Hypothesis
 
     params = tiny_params(corpus, joint=joint)
     params["multi30k"]["tokenize"]["source_eos"] = source_eos
@@ -286,7 +287,8 @@ def test_source_eos_ends_every_source_the_model_reads(tmp_path, corpus, monkeypa
     assert [s[-1] == eos for s in pairs.src] == [source_eos] * len(pairs.src)
     assert not any(eos in s[:-1] for s in pairs.src) and not any(eos in t for t in pairs.tgt)
     seen = []
-    monkeypatch.setattr(generate, "translate", lambda _, sources, *args: seen.extend(sources) or [[]] * len(sources))
+    monkeypatch.setattr(generate, "translate_n_best", lambda _, sources, *args: seen.extend(sources) or
+                        [[Hypothesis([], 0.0, 0.0, True)]] * len(sources))
     generate.translate_lines(SimpleNamespace(cfg=SimpleNamespace(max_len=64)), toks, GERMAN[:2], 1, 0.0, 5, 1000)
     assert seen == tokenizer.encode_pairs(toks, pd.DataFrame({"src": GERMAN[:2], "tgt": ["", ""]})).src
 
@@ -323,6 +325,39 @@ def test_generate_translates_a_file_line_by_line(tmp_path, trained, capsys):
         assert re.search(r"line 3: \d+ tokens, more than the model's max_len 64", err)
         assert "line 1: not in the model's vocabulary, read as <unk>: '☃', '北京'" in err  # adjacent ones joined
         assert "line 4:" not in err
+
+
+def test_generate_writes_each_lines_n_best_with_the_scores_beam_search_ranked_them_by(tmp_path, trained):
+    """--n-best K: a table of each translated line's K best outputs, best first; rank 1 is the plain output,
+    and each score is the model's own log-probability of that output over the length penalty."""
+    from lib import generate
+    from lib.decoding import length_penalty, sequence_score
+    from lib.tokenizer import encode_sources, special_ids
+
+    (tmp_path / "in.txt").write_text("\n".join([GERMAN[0], "", GERMAN[1]]) + "\n", encoding="utf-8")
+    run = ["--task", "multi30k", "--models", str(trained), "--input", str(tmp_path / "in.txt"), "--beam-size", "4",
+           "--alpha", "0.6"]
+    generate.main(run + ["--output", str(tmp_path / "best.txt")])
+    generate.main(run + ["--output", str(tmp_path / "n_best.tsv"), "--n-best", "3"])
+    best = (tmp_path / "best.txt").read_text(encoding="utf-8").split("\n")
+    table = pd.read_csv(tmp_path / "n_best.tsv", sep="\t", keep_default_na=False)
+    assert tuple(table.columns) == generate.N_BEST_COLUMNS
+    assert table["line"].tolist() == [1, 1, 1, 3, 3, 3] and table["rank"].tolist() == [1, 2, 3] * 2  # no empty line
+    assert table[table["rank"] == 1]["translation"].tolist() == [best[0], best[2]]
+    assert table["translation"].nunique() == 6  # the beam's outputs are distinct
+
+    model, toks, _ = checkpoint.load_trained(trained / "model.pt", trained / "tokenizer")
+    ids = special_ids(toks)
+    for (line, rows), german in zip(table.groupby("line"), [GERMAN[0], GERMAN[1]]):
+        assert rows["score"].is_monotonic_decreasing
+        src = torch.tensor([encode_sources(toks, [german])[0].ids])
+        _, _, written = generate.translate_lines(model, toks, [german], 4, 0.6, 20, 8192, n_best=3)
+        for row, h in zip(rows.itertuples(), written[0][1]):
+            assert toks.target.decode(h.tokens) == row.translation
+            assert (row.tokens, row.eos) == (len(h.tokens) + h.eos, h.eos)
+            assert row.score == pytest.approx(sequence_score(model, src, ids, h.tokens, h.eos, 0.6), abs=1e-3)
+            assert row.log_prob == pytest.approx(sequence_score(model, src, ids, h.tokens, h.eos, 0.0), abs=1e-3)
+            assert row.score == pytest.approx(row.log_prob / length_penalty(row.tokens, 0.6), abs=1e-3)
 
 
 def test_generate_draws_the_attention_that_wrote_each_output(tmp_path, trained, capsys, monkeypatch):
@@ -399,6 +434,8 @@ def test_generate_reads_stdin_and_names_what_it_cannot_use(tmp_path, trained, ca
         ["--models", str(trained), "--input", str(tmp_path / "in.txt"), "--output", str(tmp_path)])
     assert "generate: error: --alpha -1.0: must be >= 0; --prompt, --top-k: not for multi30k (translation)\n" == fails(
         ["--models", str(trained), "--input", "-", "--alpha", "-1", "--prompt", "Ein", "--top-k", "5"])
+    assert "--n-best 4: must be in [1, --beam-size 3] (the beam holds that many outputs)" in fails(
+        ["--models", str(trained), "--input", "-", "--beam-size", "3", "--n-best", "4"])
 
 
 def test_generate_interrupted_is_one_line_and_writes_nothing(tmp_path, trained, capsys, monkeypatch):
