@@ -196,16 +196,24 @@ def translate_n_best(model, sources: list[list[int]], ids: SpecialIds, max_token
 
 
 @torch.no_grad()
-def sequence_score(model, src: torch.Tensor, ids: SpecialIds, tokens: list[int], eos: bool,
-                   alpha: float = 0.0) -> float:
-    """What beam search reports for one hypothesis, computed by teacher forcing: src (1, S)."""
-    tgt = torch.tensor([[ids.bos] + tokens + ([ids.eos] if eos else [])], device=src.device)  # (1, T + 1)
-    src_mask = padding_mask(src, ids.pad)
-    memory, _ = model.encode(src, src_mask)
-    hidden, _ = model.decode(tgt[:, :-1], memory, target_mask(tgt[:, :-1], ids.pad), src_mask)
-    log_probs = F.log_softmax(model.generator(hidden).float(), dim=-1)  # (1, T, V)
-    total = log_probs[0].gather(1, tgt[0, 1:, None]).sum().item()
-    return total / length_penalty(tgt.size(1) - 1, alpha)
+def score_outputs(model, sources: list[list[int]], outputs: list[list[int]], ids: SpecialIds, max_tokens: int,
+                  alpha: float = 0.0, eos: list[bool] | None = None) -> list[Hypothesis]:
+    """What beam search reports for each output of its source, computed by teacher forcing, in batches of at
+    most ``max_tokens`` tokens a side. ``eos``: whether each output ended with eos (default: all did); the
+    eos's log-probability counts only where it did."""
+    eos = [True] * len(outputs) if eos is None else eos
+    device = next(model.parameters()).device
+    pairs = Pairs(sources, outputs)
+    scored: list[Hypothesis] = [None] * len(outputs)  # type: ignore[list-item]
+    for indices in token_budget_batches(pairs, max_tokens):
+        batch = collate(pairs, indices, ids).to(device)  # tgt_out: each output + eos, then pad
+        logits = model(batch.src, batch.tgt_in, padding_mask(batch.src, ids.pad), target_mask(batch.tgt_in, ids.pad))
+        log_probs = F.log_softmax(logits.float(), dim=-1).gather(2, batch.tgt_out[..., None])[..., 0]  # (B, T)
+        for row, i in enumerate(indices):
+            length = len(outputs[i]) + eos[i]  # the tokens produced, eos included
+            log_prob = log_probs[row, :length].sum().item()
+            scored[i] = Hypothesis(outputs[i], log_prob / length_penalty(length, alpha), log_prob, eos[i])
+    return scored
 
 
 @torch.no_grad()

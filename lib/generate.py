@@ -29,7 +29,7 @@ from tqdm import tqdm
 from lib import checkpoint
 from lib.checkpoint import atomic_path
 from lib.data import Pairs, collate, utf8_text
-from lib.decoding import Hypothesis, sample, translate_n_best
+from lib.decoding import Hypothesis, sample, score_outputs, translate_n_best
 from lib.tasks import get_task
 from lib.tokenizer import decode, encode_sources, special_ids, unknown_words
 
@@ -58,39 +58,73 @@ def unknown_note(text: str, encoding, unk: int) -> str | None:
     return f"not in the model's vocabulary, read as <unk>: {shown}"
 
 
+def read_sources(model, tokenizers, lines: list[str]) -> tuple[dict[int, list[int]], list[str]]:
+    """The token ids of each line the model can take, by line index, and messages about the lines it
+    cannot (longer than its max_len) or reads in part as <unk>. Empty lines are left out silently."""
+    unk = special_ids(tokenizers).unk
+    texts = [unicodedata.normalize("NFC", line).strip() for line in lines]
+    sources, messages = {}, []
+    for i, (text, encoding) in enumerate(zip(texts, encode_sources(tokenizers, texts))):
+        if not text:
+            continue
+        if len(encoding.ids) > model.cfg.max_len:
+            messages.append(f"line {i + 1}: {len(encoding.ids)} tokens, more than the model's max_len "
+                            f"{model.cfg.max_len}; its output is left empty")
+            continue
+        if note := unknown_note(text, encoding, unk):
+            messages.append(f"line {i + 1}: {note}")
+        sources[i] = encoding.ids
+    return sources, messages
+
+
 def translate_lines(model, tokenizers, lines: list[str], beam_size: int, alpha: float, max_extra_tokens: int,
                     max_tokens: int, n_best: int = 1
                     ) -> tuple[list[str], list[str], dict[int, tuple[list[int], list[Hypothesis]]]]:
     """One output per line; the messages about the lines left empty or read in part as <unk>; and, by line
     index, each translated line's source ids and its ``n_best`` outputs, best first, with their scores.
     beam_size 1 is greedy search (beam search of one beam is greedy search, scored)."""
-    ids = special_ids(tokenizers)
-    texts = [unicodedata.normalize("NFC", line).strip() for line in lines]
-    encodings = encode_sources(tokenizers, texts)
-    encoded = [e.ids for e in encodings]
-    keep, messages = [], []
-    for number, (text, tokens, encoding) in enumerate(zip(texts, encoded, encodings), start=1):
-        if not text:
-            continue
-        if len(tokens) > model.cfg.max_len:
-            messages.append(f"line {number}: {len(tokens)} tokens, more than the model's max_len "
-                            f"{model.cfg.max_len}; its output is left empty")
-            continue
-        if note := unknown_note(text, encoding, ids.unk):
-            messages.append(f"line {number}: {note}")
-        keep.append(number - 1)
-    outputs = translate_n_best(model, [encoded[i] for i in keep], ids, max_tokens, max_extra_tokens, beam_size,
-                               alpha, n_best)
+    sources, messages = read_sources(model, tokenizers, lines)
+    keep = sorted(sources)
+    outputs = translate_n_best(model, [sources[i] for i in keep], special_ids(tokenizers), max_tokens,
+                               max_extra_tokens, beam_size, alpha, n_best)
     translations = [""] * len(lines)
     for i, text in zip(keep, decode(tokenizers.target, [hypotheses[0].tokens for hypotheses in outputs])):
         translations[i] = text
-    return translations, messages, {i: (encoded[i], hypotheses) for i, hypotheses in zip(keep, outputs)}
+    return translations, messages, {i: (sources[i], hypotheses) for i, hypotheses in zip(keep, outputs)}
+
+
+def score_lines(model, tokenizers, lines: list[str], references: list[str], alpha: float, max_tokens: int
+                ) -> tuple[list[str], list[str], dict[int, tuple[list[int], list[Hypothesis]]]]:
+    """``translate_lines`` for outputs given rather than searched: each reference as the model scores it
+    (ending in eos), beside its source line."""
+    if len(references) != len(lines):
+        raise ValueError(f"--score has {len(references)} lines but --input has {len(lines)}: they must be "
+                         "parallel, one output per source line")
+    sources, messages = read_sources(model, tokenizers, lines)
+    unk = special_ids(tokenizers).unk
+    texts = [unicodedata.normalize("NFC", line).strip() for line in references]
+    outputs = {}
+    for i, encoding in zip(sorted(sources), tokenizers.target.encode_batch(
+            [texts[i] for i in sorted(sources)], add_special_tokens=False)):
+        if len(encoding.ids) + 1 > model.cfg.max_len:  # with its eos
+            messages.append(f"line {i + 1}: the --score output has {len(encoding.ids)} tokens and an eos, more "
+                            f"than the model's max_len {model.cfg.max_len}; not scored")
+            continue
+        if note := unknown_note(texts[i], encoding, unk):
+            messages.append(f"line {i + 1}: the --score output: {note}")
+        outputs[i] = encoding.ids
+    keep = sorted(outputs)
+    scored = score_outputs(model, [sources[i] for i in keep], [outputs[i] for i in keep], special_ids(tokenizers),
+                           max_tokens, alpha)
+    shown = [texts[i] if i in outputs else "" for i in range(len(lines))]
+    return shown, messages, {i: (sources[i], [h]) for i, h in zip(keep, scored)}
 
 
 N_BEST_COLUMNS = ("line", "rank", "score", "log_prob", "tokens", "eos", "translation")
+SCORE_COLUMNS = ("line", "score", "log_prob", "tokens", "translation")  # --score: rank 1, eos true
 
 
-def n_best_table(tokenizers, written: dict[int, tuple[list[int], list[Hypothesis]]]) -> str:
+def outputs_table(tokenizers, written: dict[int, tuple[list[int], list[Hypothesis]]], columns: tuple[str, ...]) -> str:
     """Tab-separated, with a header: for each translated line (numbered from 1) its outputs, best first.
     log_prob is the model's log-probability of the output (natural log), eos included when the output
     ended with one (eos false: it was cut at its length limit); score is what beam search ranks by,
@@ -98,13 +132,14 @@ def n_best_table(tokenizers, written: dict[int, tuple[list[int], list[Hypothesis
     newline or a double quote is quoted, as CSV does, so that ``pandas.read_csv(sep="\\t")`` reads it."""
     table = io.StringIO()
     writer = csv.writer(table, delimiter="\t", lineterminator="\n")
-    writer.writerow(N_BEST_COLUMNS)
+    writer.writerow(columns)
     for i in sorted(written):
         hypotheses = written[i][1]
         texts = decode(tokenizers.target, [h.tokens for h in hypotheses])
         for rank, (h, text) in enumerate(zip(hypotheses, texts), start=1):
-            writer.writerow([i + 1, rank, f"{h.score:.4f}", f"{h.log_prob:.4f}", len(h.tokens) + h.eos,
-                             str(h.eos).lower(), text])
+            row = {"line": i + 1, "rank": rank, "score": f"{h.score:.4f}", "log_prob": f"{h.log_prob:.4f}",
+                   "tokens": len(h.tokens) + h.eos, "eos": str(h.eos).lower(), "translation": text}
+            writer.writerow([row[column] for column in columns])
     return table.getvalue()
 
 
@@ -172,7 +207,8 @@ def write_figures(out_dir: Path, draw):
 
 
 # The options of each kind of task; given for the other kind, they are an error rather than ignored.
-TRANSLATION_OPTIONS = ("input", "beam_size", "alpha", "max_extra_tokens", "max_tokens", "n_best")
+TRANSLATION_OPTIONS = ("input", "beam_size", "alpha", "max_extra_tokens", "max_tokens", "n_best", "score")
+SEARCH_OPTIONS = ("beam_size", "max_extra_tokens", "n_best")  # not with --score: nothing is searched
 LM_OPTIONS = ("prompt", "max_new_tokens", "temperature", "top_k", "top_p", "seed")
 
 
@@ -191,6 +227,11 @@ def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace, kin
                  ("top_p", 0 < args.top_p <= 1, "in (0, 1] (1: no nucleus filter)")]
     flag = lambda dest: "--" + dest.replace("_", "-")  # noqa: E731
     errors += [f"{flag(dest)} {getattr(args, dest)}: must be {must}" for dest, holds, must in rules if not holds]
+    if kind == "seq2seq" and args.score:
+        if searched := [flag(dest) for dest in SEARCH_OPTIONS if getattr(args, dest) != parser.get_default(dest)]:
+            errors.append(f"{', '.join(searched)}: not with --score (it scores the outputs given; nothing is searched)")
+        if args.score == "-" and args.input == "-":
+            errors.append("--input and --score cannot both be stdin")
     others = LM_OPTIONS if kind == "seq2seq" else TRANSLATION_OPTIONS
     if misplaced := [flag(dest) for dest in others if getattr(args, dest) != parser.get_default(dest)]:
         errors.append(f"{', '.join(misplaced)}: not for {args.task} "
@@ -208,13 +249,18 @@ def main(argv=None):
     translation = parser.add_argument_group("translation (seq2seq tasks)")
     translation.add_argument("--input", help="one source sentence per line; - for stdin")
     translation.add_argument("--beam-size", type=int, default=1, help="1: greedy (default)")
-    translation.add_argument("--alpha", type=float, default=0.6, help="beam search's length penalty (default 0.6)")
+    translation.add_argument("--alpha", type=float, default=0.6,
+                             help="beam search's (and --score's) length penalty (default 0.6)")
     translation.add_argument("--max-extra-tokens", type=int, default=20,
                              help="an output has at most source length + this many tokens (default 20)")
     translation.add_argument("--max-tokens", type=int, default=8192, help="token budget of a batch")
     translation.add_argument("--n-best", type=int, metavar="K",
                              help="write each line's K best outputs (K <= --beam-size) with their scores, as a "
                                   "tab-separated table: " + ", ".join(N_BEST_COLUMNS))
+    translation.add_argument("--score", metavar="FILE",
+                             help="instead of translating, score the given outputs, one per --input line (say, "
+                                  "reference translations), as the model would rank them: a tab-separated table: "
+                                  + ", ".join(SCORE_COLUMNS))
     lm = parser.add_argument_group("language model (lm tasks)")
     lm.add_argument("--prompt", help="the text to continue")
     lm.add_argument("--max-new-tokens", type=int, default=200)
@@ -242,15 +288,23 @@ def main(argv=None):
                              f"is a {kind!r} task")
         if kind == "seq2seq":
             lines = read_lines(args.input)
-            translations, messages, written = translate_lines(model, tokenizers, lines, args.beam_size, args.alpha,
-                                                              args.max_extra_tokens, args.max_tokens, args.n_best or 1)
+            if args.score:
+                translations, messages, written = score_lines(model, tokenizers, lines, read_lines(args.score),
+                                                              args.alpha, args.max_tokens)
+            else:
+                translations, messages, written = translate_lines(
+                    model, tokenizers, lines, args.beam_size, args.alpha, args.max_extra_tokens, args.max_tokens,
+                    args.n_best or 1)
             for message in messages:
                 print(f"generate: {message}", file=sys.stderr)
             if args.attention:
                 write_figures(Path(args.attention), lambda figures: draw_translation_attention(
                     model, tokenizers, lines, translations, written, figures))
-            write_text(args.output, n_best_table(tokenizers, written) if args.n_best else
-                       "".join(t + "\n" for t in translations))
+            if args.score or args.n_best:
+                write_text(args.output, outputs_table(tokenizers, written, SCORE_COLUMNS if args.score else
+                                                      N_BEST_COLUMNS))
+            else:
+                write_text(args.output, "".join(t + "\n" for t in translations))
         else:
             encoding = tokenizers.target.encode(args.prompt, add_special_tokens=False)
             if note := unknown_note(args.prompt, encoding, special_ids(tokenizers).unk):

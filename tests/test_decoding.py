@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from lib.decoding import (Decoder, beam_search, greedy_decode, sample, sequence_score, top_k_filter,
+from lib.decoding import (Decoder, beam_search, greedy_decode, sample, score_outputs, top_k_filter,
                           top_p_filter)
 from lib.model import Transformer, TransformerLM
 from lib.tokenizer import SpecialIds
@@ -20,6 +20,10 @@ def sources(B=6, S=9, seed=0) -> torch.Tensor:
     for b, length in enumerate(torch.randint(2, S + 1, (B,), generator=g).tolist()):
         src[b, length:] = IDS.pad
     return src
+
+
+def unpadded(src: torch.Tensor) -> list[list[int]]:
+    return [row[row != IDS.pad].tolist() for row in src]
 
 
 def seq2seq(positional="sinusoidal", norm_first=False, seed=0) -> Transformer:
@@ -77,13 +81,25 @@ def test_every_reported_score_is_the_models_log_probability(alpha):
     model, src = seq2seq(), sources(B=5)
     limit = (src != IDS.pad).sum(1) + 4
     beams = beam_search(model, src, IDS, limit, beam_size=4, alpha=alpha, n_best=4)
-    for b, hypotheses in enumerate(beams):
+    for source, hypotheses in zip(unpadded(src), beams):
         assert len(hypotheses) == 4
         assert [h.score for h in hypotheses] == sorted((h.score for h in hypotheses), reverse=True)
-        for h in hypotheses:
-            expected = sequence_score(model, src[b:b + 1], IDS, h.tokens, h.eos, alpha)
-            assert h.score == pytest.approx(expected, abs=1e-4)
-            assert h.log_prob == pytest.approx(sequence_score(model, src[b:b + 1], IDS, h.tokens, h.eos), abs=1e-4)
+        # Teacher-forced, all four in one padded batch: the search's running sums, recomputed.
+        scored = score_outputs(model, [source] * 4, [h.tokens for h in hypotheses], IDS, 4096, alpha,
+                               [h.eos for h in hypotheses])
+        for h, expected in zip(hypotheses, scored):
+            assert h.score == pytest.approx(expected.score, abs=1e-4)
+            assert h.log_prob == pytest.approx(expected.log_prob, abs=1e-4)
+            assert (h.tokens, h.eos) == (expected.tokens, expected.eos)
+
+
+def test_scores_in_a_batch_equal_scores_alone():
+    model, src = seq2seq(seed=1), sources(B=8, seed=1)
+    outputs = unpadded(sources(B=8, seed=2))
+    together = score_outputs(model, unpadded(src), outputs, IDS, 4096, alpha=0.6)
+    alone = score_outputs(model, unpadded(src), outputs, IDS, 1, alpha=0.6)  # a budget of one: one pair a batch
+    assert [h.score for h in together] == pytest.approx([h.score for h in alone], rel=1e-6)
+    assert all(h.eos for h in together) and [h.tokens for h in together] == outputs
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.6])
@@ -93,9 +109,9 @@ def test_beam_never_scores_below_greedy(alpha):
     greedy = greedy_decode(model, src, IDS, limit)
     beams = beam_search(model, src, IDS, limit, beam_size=5, alpha=alpha)
     better = 0
-    for b, (tokens, best) in enumerate(zip(greedy, beams)):
-        eos = len(tokens) < limit[b]  # greedy stops early only at eos
-        greedy_score = sequence_score(model, src[b:b + 1], IDS, tokens, eos, alpha)
+    eos = [len(tokens) < limit[b] for b, tokens in enumerate(greedy)]  # greedy stops early only at eos
+    greedy_scores = score_outputs(model, unpadded(src), greedy, IDS, 4096, alpha, eos)
+    for best, greedy_score in zip(beams, (h.score for h in greedy_scores)):
         assert best[0].score >= greedy_score - 1e-5
         better += best[0].score > greedy_score + 1e-5
     assert better > 0  # the search found something greedy missed

@@ -331,7 +331,7 @@ def test_generate_writes_each_lines_n_best_with_the_scores_beam_search_ranked_th
     """--n-best K: a table of each translated line's K best outputs, best first; rank 1 is the plain output,
     and each score is the model's own log-probability of that output over the length penalty."""
     from lib import generate
-    from lib.decoding import length_penalty, sequence_score
+    from lib.decoding import length_penalty, score_outputs
     from lib.tokenizer import encode_sources, special_ids
 
     (tmp_path / "in.txt").write_text("\n".join([GERMAN[0], "", GERMAN[1]]) + "\n", encoding="utf-8")
@@ -350,14 +350,59 @@ def test_generate_writes_each_lines_n_best_with_the_scores_beam_search_ranked_th
     ids = special_ids(toks)
     for (line, rows), german in zip(table.groupby("line"), [GERMAN[0], GERMAN[1]]):
         assert rows["score"].is_monotonic_decreasing
-        src = torch.tensor([encode_sources(toks, [german])[0].ids])
+        source = encode_sources(toks, [german])[0].ids
         _, _, written = generate.translate_lines(model, toks, [german], 4, 0.6, 20, 8192, n_best=3)
-        for row, h in zip(rows.itertuples(), written[0][1]):
+        hypotheses = written[0][1]
+        rescored = score_outputs(model, [source] * 3, [h.tokens for h in hypotheses], ids, 8192, 0.6,
+                                 [h.eos for h in hypotheses])  # teacher-forced
+        for row, h, again in zip(rows.itertuples(), hypotheses, rescored):
             assert toks.target.decode(h.tokens) == row.translation
             assert (row.tokens, row.eos) == (len(h.tokens) + h.eos, h.eos)
-            assert row.score == pytest.approx(sequence_score(model, src, ids, h.tokens, h.eos, 0.6), abs=1e-3)
-            assert row.log_prob == pytest.approx(sequence_score(model, src, ids, h.tokens, h.eos, 0.0), abs=1e-3)
+            assert (row.score, row.log_prob) == pytest.approx((again.score, again.log_prob), abs=1e-3)
             assert row.score == pytest.approx(row.log_prob / length_penalty(row.tokens, 0.6), abs=1e-3)
+
+
+def test_generate_scores_given_outputs_as_the_model_would(tmp_path, trained, capsys):
+    """--score FILE: each given output (a reference, say) scored beside its source line: its log-probability
+    is minus the summed cross-entropy training's own loss gives it; lines it cannot use are named."""
+    from lib import generate
+    from lib.data import Pairs
+    from lib.decoding import length_penalty
+    from lib.tokenizer import encode, encode_sources, special_ids
+
+    (tmp_path / "in.txt").write_text("\n".join([GERMAN[0], "", GERMAN[1], GERMAN[2]]) + "\n", encoding="utf-8")
+    references = [ENGLISH[0], ENGLISH[1], ENGLISH[1] + " ☃", " ".join(["dog"] * 80)]
+    (tmp_path / "ref.txt").write_text("\n".join(references) + "\n", encoding="utf-8")
+    run = ["--task", "multi30k", "--models", str(trained), "--input", str(tmp_path / "in.txt")]
+    generate.main(run + ["--score", str(tmp_path / "ref.txt"), "--output", str(tmp_path / "scores.tsv")])
+    err = capsys.readouterr().err
+    assert "line 3: the --score output: not in the model's vocabulary, read as <unk>: '☃'" in err
+    assert re.search(r"line 4: the --score output has \d+ tokens and an eos, more than the model's max_len 64", err)
+    table = pd.read_csv(tmp_path / "scores.tsv", sep="\t", keep_default_na=False)
+    assert tuple(table.columns) == generate.SCORE_COLUMNS
+    assert table["line"].tolist() == [1, 3] and table["translation"][0] == ENGLISH[0]  # no row for an empty source
+
+    model, toks, _ = checkpoint.load_trained(trained / "model.pt", trained / "tokenizer")
+    ids = special_ids(toks)
+    for row, german, english in zip(table.itertuples(), [GERMAN[0], GERMAN[1]], [ENGLISH[0], ENGLISH[1] + " ☃"]):
+        [output] = encode(toks.target, [english])
+        pair = Pairs([encode_sources(toks, [german])[0].ids], [output])
+        assert row.tokens == len(output) + 1
+        assert row.log_prob == pytest.approx(-training.mean_loss(model, pair, ids, 8192, "cpu") * row.tokens, abs=1e-3)
+        assert row.score == pytest.approx(row.log_prob / length_penalty(row.tokens, 0.6), abs=1e-3)
+
+    def fails(args: list[str]) -> str:
+        with pytest.raises(SystemExit) as exit_info:
+            generate.main(run + args)
+        assert exit_info.value.code == 2
+        return capsys.readouterr().err
+
+    (tmp_path / "short.txt").write_text(ENGLISH[0] + "\n", encoding="utf-8")
+    assert "--score has 1 lines but --input has 4: they must be parallel" in fails(
+        ["--score", str(tmp_path / "short.txt"), "--output", str(tmp_path / "scores.tsv")])
+    assert "--beam-size, --n-best: not with --score (it scores the outputs given; nothing is searched)" in fails(
+        ["--score", str(tmp_path / "ref.txt"), "--beam-size", "4", "--n-best", "2"])
+    assert pd.read_csv(tmp_path / "scores.tsv", sep="\t")["line"].tolist() == [1, 3]  # the earlier table kept
 
 
 def test_generate_draws_the_attention_that_wrote_each_output(tmp_path, trained, capsys, monkeypatch):
