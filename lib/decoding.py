@@ -204,7 +204,7 @@ def score_outputs(model, sources: list[list[int]], outputs: list[list[int]], ids
     eos = [True] * len(outputs) if eos is None else eos
     device = next(model.parameters()).device
     pairs = Pairs(sources, outputs)
-    scored: list[Hypothesis] = [None] * len(outputs)  # type: ignore[list-item]
+    scored: dict[int, Hypothesis] = {}
     for indices in token_budget_batches(pairs, max_tokens):
         batch = collate(pairs, indices, ids).to(device)  # tgt_out: each output + eos, then pad
         logits = model(batch.src, batch.tgt_in, padding_mask(batch.src, ids.pad), target_mask(batch.tgt_in, ids.pad))
@@ -213,7 +213,7 @@ def score_outputs(model, sources: list[list[int]], outputs: list[list[int]], ids
             length = len(outputs[i]) + eos[i]  # the tokens produced, eos included
             log_prob = log_probs[row, :length].sum().item()
             scored[i] = Hypothesis(outputs[i], log_prob / length_penalty(length, alpha), log_prob, eos[i])
-    return scored
+    return [scored[i] for i in range(len(outputs))]
 
 
 @torch.no_grad()

@@ -1,6 +1,7 @@
 """Use a trained model: translate a file line by line, or continue a prompt with the LM.
 
     python -m lib.generate --task multi30k --input FILE --output FILE [--beam-size N] [--alpha A] [--n-best K]
+    python -m lib.generate --task multi30k --input FILE --score OUTPUTS --output TABLE
     python -m lib.generate --task shakespeare --prompt TEXT --max-new-tokens N --temperature T --top-k K
     ... --attention DIR    also draw the attention that wrote each output (DIR/attention.md)
 
@@ -11,7 +12,8 @@ gives an empty line, and a line longer than the model accepts gets a message
 on stderr and an empty line, so one bad line never stops the file. Words or
 characters the vocabulary lacks are read as <unk>, and named on stderr.
 ``--n-best K`` writes instead a table of each line's K best outputs with their
-scores (``N_BEST_COLUMNS``).
+scores (``N_BEST_COLUMNS``); ``--score FILE`` translates nothing and scores the
+outputs FILE gives, one per input line, the same way (``SCORE_COLUMNS``).
 """
 
 import argparse
@@ -148,7 +150,7 @@ LM_ATTENTION_TOKENS = 64  # the LM's drawing covers the text's first tokens: a w
 
 
 def draw_translation_attention(model, tokenizers, lines: list[str], translations: list[str],
-                               written: dict[int, tuple[list[int], list[int]]], figures: Path) -> list[str]:
+                               written: dict[int, tuple[list[int], list[Hypothesis]]], figures: Path) -> list[str]:
     """For each translated line, the attention that wrote its output (encoder self, decoder self and
     cross, every layer and head), with the model teacher-forced on that output: each decoder row is the
     step that chose the token it is labelled with. Figures go to ``figures``; returns the page's lines."""
@@ -159,7 +161,8 @@ def draw_translation_attention(model, tokenizers, lines: list[str], translations
     numbers = sorted(written)
     page = ["# Attention", "",
             "For each line, one panel per layer (rows) and head (columns). Decoder rows are the steps of the "
-            "output, labelled by the token each chose; columns are the tokens it reads.", ""]
+            "output, labelled by the token each chose (with --score, the token given); columns are the tokens it "
+            "reads.", ""]
     progress = tqdm(total=len(numbers), desc="drawing attention", unit="line", leave=False)  # ~1-3 s a line
     for first in range(0, len(numbers), ATTENTION_BATCH):
         chunk = numbers[first:first + ATTENTION_BATCH]

@@ -1,0 +1,76 @@
+"""Search errors or model errors? Beam search's best output against the reference, both scored by the model.
+
+Needs a trained translation model (multi30k's by default; --data and
+--models for another task's). For each beam size, every sentence of the split
+is decoded and its best output's score (log-probability over GNMT's length
+penalty, as beam search ranks) compared with the reference's, scored the same
+way by teacher forcing (``lib.decoding.score_outputs``; what
+``lib.generate --score`` writes):
+
+- search error: the reference scores higher: the model prefers it, the search missed it;
+- model error: the reference scores lower and differs from the output: the model prefers its own output;
+- exact: the output is the reference, token for token.
+
+It also counts the sentences whose empty output (``<eos>`` alone) scores above
+the beam's best, at alpha 0 (raw log-probability) and at the alpha given: the
+short-output bias the length penalty is there for. Run from the repository root:
+    PYTHONPATH=. python benchmarks/search_errors.py [--split valid] [--beam-sizes 1 5 20] [--alpha 0.6]
+"""
+
+import argparse
+import json
+from datetime import date
+from pathlib import Path
+
+from lib.checkpoint import load_trained
+from lib.data import read_split
+from lib.decoding import score_outputs, translate_n_best
+from lib.tokenizer import encode_pairs, special_ids
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", default=str(ROOT / "data" / "multi30k"))
+    parser.add_argument("--models", default=str(ROOT / "models" / "multi30k"))
+    parser.add_argument("--split", default="valid", choices=["train", "valid", "test"])
+    parser.add_argument("--beam-sizes", type=int, nargs="+", default=[1, 5, 20])
+    parser.add_argument("--alpha", type=float, default=0.6)
+    parser.add_argument("--max-tokens", type=int, default=8192)
+    args = parser.parse_args()
+
+    model, tokenizers, _ = load_trained(Path(args.models) / "model.pt", Path(args.models) / "tokenizer")
+    ids = special_ids(tokenizers)
+    pairs = encode_pairs(tokenizers, read_split(args.data, args.split))
+    n = len(pairs.src)
+    references = {alpha: score_outputs(model, pairs.src, pairs.tgt, ids, args.max_tokens, alpha)
+                  for alpha in (0.0, args.alpha)}
+    empty = {alpha: score_outputs(model, pairs.src, [[] for _ in range(n)], ids, args.max_tokens, alpha)
+             for alpha in (0.0, args.alpha)}
+    results = {}
+    for beam_size in args.beam_sizes:
+        row = {}
+        for alpha in sorted({0.0, args.alpha}):
+            best = [h[0] for h in translate_n_best(model, pairs.src, ids, args.max_tokens, 20, beam_size, alpha)]
+            exact = [b.tokens == t for b, t in zip(best, pairs.tgt)]
+            search = [r.score > b.score + 1e-4 and not e for r, b, e in zip(references[alpha], best, exact)]
+            row[f"alpha={alpha}"] = {
+                "exact": round(sum(exact) / n, 4),
+                "search_errors": round(sum(search) / n, 4),
+                "model_errors": round(sum(not s and not e for s, e in zip(search, exact)) / n, 4),
+                "empty_beats_best": round(sum(m.score > b.score for m, b in zip(empty[alpha], best)) / n, 4),
+                "mean_best_score": round(sum(b.score for b in best) / n, 4),
+                "mean_best_tokens": round(sum(len(b.tokens) + b.eos for b in best) / n, 2),
+            }
+        results[f"beam={beam_size}"] = row
+    print(json.dumps({"benchmark": "search_errors", "date": date.today().isoformat(), "split": args.split,
+                      "sentences": n, "alpha": args.alpha,
+                      "mean_reference_score": {f"alpha={a}": round(sum(r.score for r in references[a]) / n, 4)
+                                               for a in sorted(references)},
+                      "mean_reference_tokens": round(sum(len(t) + 1 for t in pairs.tgt) / n, 2),
+                      "results": results}))
+
+
+if __name__ == "__main__":
+    main()
