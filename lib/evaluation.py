@@ -93,32 +93,37 @@ def sample_rows(module, split: str, frame: pd.DataFrame, hypotheses: list[str]) 
 
 @torch.no_grad()
 def split_loss(model, ids: torch.Tensor, block_size: int, batch_size: int = 32) -> float:
-    """Mean next-token cross-entropy over a whole split, cut into consecutive blocks."""
-    n_blocks = (len(ids) - 1) // block_size
-    starts = torch.arange(n_blocks) * block_size
-    window = starts[:, None] + torch.arange(block_size + 1)  # (N, T + 1)
+    """Mean next-token cross-entropy over a whole text (N,), N >= 2: every token after the first, predicted
+    within consecutive blocks of ``block_size`` targets (the last block the rest), each read from its start."""
+    targets = len(ids) - 1
+    n_blocks = targets // block_size
+    window = (torch.arange(n_blocks) * block_size)[:, None] + torch.arange(block_size + 1)  # (N, T + 1)
+    chunks = list(window.split(batch_size))
+    if targets % block_size:  # the tail, shorter than a block
+        chunks.append(torch.arange(n_blocks * block_size, len(ids))[None])
     total = 0.0
-    for chunk in window.split(batch_size):
+    for chunk in chunks:
         tokens = ids[chunk]  # (B, T + 1)
         logits = model(tokens[:, :-1])  # (B, T, V)
         total += F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), tokens[:, 1:].reshape(-1),
                                  reduction="sum").item()
-    return total / (n_blocks * block_size)
+    return total / targets
+
+
+def text_metrics(model, ids: torch.Tensor, n_chars: int, block_size: int) -> dict:
+    """An LM's loss (nats a token), perplexity and bits per character on a text of ``n_chars`` characters
+    encoded as ``ids`` (N,), N >= 2."""
+    loss = split_loss(model, ids, block_size)
+    return {"tokens": len(ids), "loss": loss, "perplexity": perplexity(loss),
+            "bits_per_char": loss / math.log(2) / (n_chars / len(ids))}
 
 
 def evaluate_lm(task, cfg: LMEvaluateConfig, data_dir, tokenizer_dir, model_path, metrics_path, samples_path):
     model, tokenizers, state = checkpoint.load_trained(model_path, tokenizer_dir)
     tokenizer = tokenizers.target
     text = read_text(data_dir, "valid")
-    ids = encode_text(tokenizer, text)
-    loss = split_loss(model, ids, state["block_size"])
-    chars_per_token = len(text) / len(ids)
-    metrics = {
-        "n_valid_tokens": len(ids),
-        "loss": loss,
-        "perplexity": perplexity(loss),
-        "bits_per_char": loss / math.log(2) / chars_per_token,
-    }
+    scores = text_metrics(model, encode_text(tokenizer, text), len(text), state["block_size"])
+    metrics = {"n_valid_tokens": scores.pop("tokens"), **scores}
     generator = torch.Generator().manual_seed(cfg.seed)
     rows = []
     for prompt in cfg.prompts:

@@ -2,6 +2,7 @@
 
     python -m lib.generate --task multi30k --input FILE --output FILE [--beam-size N] [--alpha A] [--n-best K]
     python -m lib.generate --task multi30k --input FILE --score OUTPUTS --output TABLE
+    python -m lib.generate --task shakespeare --score TEXT
     python -m lib.generate --task shakespeare --prompt TEXT --max-new-tokens N --temperature T --top-k K
     ... --attention DIR    also draw the attention that wrote each output (DIR/attention.md)
 
@@ -13,12 +14,15 @@ on stderr and an empty line, so one bad line never stops the file. Words or
 characters the vocabulary lacks are read as <unk>, and named on stderr.
 ``--n-best K`` writes instead a table of each line's K best outputs with their
 scores (``N_BEST_COLUMNS``); ``--score FILE`` translates nothing and scores the
-outputs FILE gives, one per input line, the same way (``SCORE_COLUMNS``).
+outputs FILE gives, one per input line, the same way (``SCORE_COLUMNS``). For
+the LM, ``--score FILE`` gives the loss, perplexity and bits per character of
+a whole text (``LM_SCORES``).
 """
 
 import argparse
 import csv
 import io
+import json
 import os
 import sys
 import tempfile
@@ -32,14 +36,19 @@ from lib import checkpoint
 from lib.checkpoint import atomic_path
 from lib.data import Pairs, collate, utf8_text
 from lib.decoding import Hypothesis, sample, score_outputs, translate_n_best
+from lib.evaluation import text_metrics
 from lib.tasks import get_task
 from lib.tokenizer import decode, encode_sources, special_ids, unknown_words
 
 
-def read_lines(path: str) -> list[str]:
-    """The lines of a UTF-8 file (or stdin); bytes that are not UTF-8 are named by line."""
+def read_input(path: str) -> str:
+    """A UTF-8 file (or stdin) as text; bytes that are not UTF-8 are named by line."""
     raw = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
-    return utf8_text(raw, "stdin" if path == "-" else path).splitlines()
+    return utf8_text(raw, "stdin" if path == "-" else path)
+
+
+def read_lines(path: str) -> list[str]:
+    return read_input(path).splitlines()
 
 
 def write_text(path: str, text: str):
@@ -124,6 +133,7 @@ def score_lines(model, tokenizers, lines: list[str], references: list[str], alph
 
 N_BEST_COLUMNS = ("line", "rank", "score", "log_prob", "tokens", "eos", "translation")
 SCORE_COLUMNS = ("line", "score", "log_prob", "tokens", "translation")  # --score: rank 1, eos true
+LM_SCORES = ("tokens", "loss", "perplexity", "bits_per_char")  # --score for an LM: lib.evaluation.text_metrics
 
 
 def outputs_table(tokenizers, written: dict[int, tuple[list[int], list[Hypothesis]]], columns: tuple[str, ...]) -> str:
@@ -179,9 +189,9 @@ def draw_translation_attention(model, tokenizers, lines: list[str], translations
     return page
 
 
-def draw_lm_attention(model, tokenizer, tokens: list[int], block_size: int, figures: Path) -> list[str]:
-    """The self-attention over the first tokens of the prompt and its continuation: ``LM_ATTENTION_TOKENS``,
-    or the model's training block if that is shorter."""
+def draw_lm_attention(model, tokenizer, tokens: list[int], block_size: int, figures: Path, what: str) -> list[str]:
+    """The self-attention over the first tokens of ``what`` (the prompt and its continuation, a scored
+    text): ``LM_ATTENTION_TOKENS``, or the model's training block if that is shorter."""
     from lib.reporting import plot_attention_grid, token_strings, visible  # matplotlib, only when asked
 
     shown = torch.tensor(tokens[:min(LM_ATTENTION_TOKENS, block_size)])  # (T,)
@@ -191,7 +201,7 @@ def draw_lm_attention(model, tokenizer, tokens: list[int], block_size: int, figu
     plot_attention_grid([w[0].float().cpu() for w in layers], labels, labels,
                         f"Self-attention over the first {len(shown)} tokens", figures / "self_attention.png")
     return ["# Attention", "",
-            f"The first {len(shown)} tokens of the prompt and its continuation. Rows: the position predicting "
+            f"The first {len(shown)} tokens of {what}. Rows: the position predicting "
             "the next token; columns: the positions it reads. One panel per layer (rows) and head (columns).", "",
             "![self-attention](self_attention.png)", ""]
 
@@ -210,29 +220,32 @@ def write_figures(out_dir: Path, draw):
 
 
 # The options of each kind of task; given for the other kind, they are an error rather than ignored.
-TRANSLATION_OPTIONS = ("input", "beam_size", "alpha", "max_extra_tokens", "max_tokens", "n_best", "score")
-SEARCH_OPTIONS = ("beam_size", "max_extra_tokens", "n_best")  # not with --score: nothing is searched
+TRANSLATION_OPTIONS = ("input", "beam_size", "alpha", "max_extra_tokens", "max_tokens", "n_best")
 LM_OPTIONS = ("prompt", "max_new_tokens", "temperature", "top_k", "top_p", "seed")
+# What steers a search or sampling: an error with --score, which generates nothing.
+GENERATION_OPTIONS = {"seq2seq": ("beam_size", "max_extra_tokens", "n_best"), "lm": LM_OPTIONS}
 
 
 def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace, kind: str):
     """One error naming every option that is missing, out of range, or set but meant for the other kind of task."""
     if kind == "seq2seq":
-        errors = [] if args.input else ["--input is required to translate (a file, or - for stdin)"]
+        errors = [] if args.input else ["--input is required to translate or score (a file, or - for stdin)"]
         rules = [("beam_size", args.beam_size >= 1, ">= 1 (1: greedy)"), ("alpha", args.alpha >= 0, ">= 0"),
                  ("max_extra_tokens", args.max_extra_tokens >= 0, ">= 0"), ("max_tokens", args.max_tokens >= 1, ">= 1"),
                  ("n_best", args.n_best is None or 1 <= args.n_best <= args.beam_size,
                   f"in [1, --beam-size {args.beam_size}] (the beam holds that many outputs)")]
     else:
-        errors = [] if args.prompt else ["--prompt is required (and must not be empty) to sample from the LM"]
+        errors = [] if args.prompt or args.score else [
+            "--prompt is required (and must not be empty) to sample from the LM, or --score FILE to score a text"]
         rules = [("max_new_tokens", args.max_new_tokens >= 1, ">= 1"), ("temperature", args.temperature > 0, "> 0"),
                  ("top_k", args.top_k >= 0, ">= 0 (0: no top-k filter)"),
                  ("top_p", 0 < args.top_p <= 1, "in (0, 1] (1: no nucleus filter)")]
     flag = lambda dest: "--" + dest.replace("_", "-")  # noqa: E731
     errors += [f"{flag(dest)} {getattr(args, dest)}: must be {must}" for dest, holds, must in rules if not holds]
-    if kind == "seq2seq" and args.score:
-        if searched := [flag(dest) for dest in SEARCH_OPTIONS if getattr(args, dest) != parser.get_default(dest)]:
-            errors.append(f"{', '.join(searched)}: not with --score (it scores the outputs given; nothing is searched)")
+    if args.score:
+        if generating := [flag(dest) for dest in GENERATION_OPTIONS[kind]
+                          if getattr(args, dest) != parser.get_default(dest)]:
+            errors.append(f"{', '.join(generating)}: not with --score (it scores the text given; nothing is generated)")
         if args.score == "-" and args.input == "-":
             errors.append("--input and --score cannot both be stdin")
     others = LM_OPTIONS if kind == "seq2seq" else TRANSLATION_OPTIONS
@@ -260,10 +273,11 @@ def main(argv=None):
     translation.add_argument("--n-best", type=int, metavar="K",
                              help="write each line's K best outputs (K <= --beam-size) with their scores, as a "
                                   "tab-separated table: " + ", ".join(N_BEST_COLUMNS))
-    translation.add_argument("--score", metavar="FILE",
-                             help="instead of translating, score the given outputs, one per --input line (say, "
-                                  "reference translations), as the model would rank them: a tab-separated table: "
-                                  + ", ".join(SCORE_COLUMNS))
+    parser.add_argument("--score", metavar="FILE",
+                        help="generate nothing: score the text given. Translation: one output per --input line "
+                             "(say, reference translations), as beam search would rank it, in a tab-separated "
+                             f"table: {', '.join(SCORE_COLUMNS)}. LM: a whole text's {', '.join(LM_SCORES)}, "
+                             "as JSON")
     lm = parser.add_argument_group("language model (lm tasks)")
     lm.add_argument("--prompt", help="the text to continue")
     lm.add_argument("--max-new-tokens", type=int, default=200)
@@ -308,6 +322,19 @@ def main(argv=None):
                                                       N_BEST_COLUMNS))
             else:
                 write_text(args.output, "".join(t + "\n" for t in translations))
+        elif args.score:
+            text = read_input(args.score)
+            encoding = tokenizers.target.encode(text, add_special_tokens=False)
+            if note := unknown_note(text, encoding, special_ids(tokenizers).unk):
+                print(f"generate: --score: {note}", file=sys.stderr)
+            if len(encoding.ids) < 2:
+                raise ValueError(f"--score {args.score}: {len(encoding.ids)} token(s); scoring needs at least 2 "
+                                 "(the first is only read)")
+            scores = text_metrics(model, torch.tensor(encoding.ids), len(text), state["block_size"])
+            if args.attention:
+                write_figures(Path(args.attention), lambda figures: draw_lm_attention(
+                    model, tokenizers.target, encoding.ids, state["block_size"], figures, "the text"))
+            write_text(args.output, json.dumps(scores, indent=2) + "\n")
         else:
             encoding = tokenizers.target.encode(args.prompt, add_special_tokens=False)
             if note := unknown_note(args.prompt, encoding, special_ids(tokenizers).unk):
@@ -317,7 +344,7 @@ def main(argv=None):
                          torch.Generator().manual_seed(args.seed), state["block_size"], args.top_p)
             if args.attention:
                 write_figures(Path(args.attention), lambda figures: draw_lm_attention(
-                    model, tokenizers.target, out, state["block_size"], figures))
+                    model, tokenizers.target, out, state["block_size"], figures, "the prompt and its continuation"))
             write_text(args.output, args.prompt + tokenizers.target.decode(out[len(prompt):]) + "\n")
     except (ValueError, FileNotFoundError, OSError) as err:
         print(f"generate: error: {err}", file=sys.stderr)

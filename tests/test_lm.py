@@ -268,3 +268,45 @@ def test_generate_continues_a_prompt(tmp_path, lm_built, capsys):
     assert capsys.readouterr().err == (
         "generate: error: --temperature -1.0: must be > 0; --top-p 0.0: must be in (0, 1] (1: no nucleus filter); "
         "--beam-size: not for shakespeare (a language model)\n")
+
+
+def test_generate_scores_a_text_over_every_token_after_the_first(tmp_path, lm_built, capsys):
+    """--score FILE for the LM: the loss over the whole text, blocks of the training length and the tail
+    shorter, each read from its own start; bits per character; the attention of the text; clear refusals."""
+    import math
+
+    import torch.nn.functional as F
+
+    from lib import checkpoint, generate
+
+    models = tmp_path / "models"
+    shutil.copytree(lm_built["tok"], models / "tokenizer")
+    shutil.copyfile(lm_built["model"], models / "model.pt")
+    text = PLAY[:16 * 3 + 6]  # three blocks of 16 targets, then 5 more
+    (tmp_path / "text.txt").write_text(text, encoding="utf-8")
+    run = ["--task", "shakespeare", "--models", str(models)]
+    generate.main(run + ["--score", str(tmp_path / "text.txt"), "--attention", str(tmp_path / "att")])
+    scores = json.loads(capsys.readouterr().out)
+    assert tuple(scores) == generate.LM_SCORES and scores["tokens"] == len(text)  # one character a token
+
+    model, toks, _ = checkpoint.load_trained(models / "model.pt", models / "tokenizer")
+    ids = torch.tensor(toks.target.encode(text, add_special_tokens=False).ids)
+    with torch.no_grad():
+        total = sum(F.cross_entropy(model(ids[None, start:end - 1])[0], ids[start + 1:end], reduction="sum").item()
+                    for start, end in [(0, 17), (16, 33), (32, 49), (48, 54)])
+    assert scores["loss"] == pytest.approx(total / (len(text) - 1), rel=1e-5)
+    assert scores["bits_per_char"] == pytest.approx(scores["loss"] / math.log(2), rel=1e-6)
+    assert scores["perplexity"] == pytest.approx(math.exp(scores["loss"]), rel=1e-6)
+    assert "The first 16 tokens of the text" in (tmp_path / "att" / "attention.md").read_text()
+
+    def fails(args: list[str]) -> str:
+        with pytest.raises(SystemExit) as exit_info:
+            generate.main(run + args)
+        assert exit_info.value.code == 2
+        return capsys.readouterr().err
+
+    (tmp_path / "one.txt").write_text("R", encoding="utf-8")
+    assert "one.txt: 1 token(s); scoring needs at least 2 (the first is only read)" in fails(
+        ["--score", str(tmp_path / "one.txt")])
+    assert "--prompt, --top-k: not with --score (it scores the text given; nothing is generated)" in fails(
+        ["--score", str(tmp_path / "text.txt"), "--prompt", "RO", "--top-k", "3"])

@@ -400,7 +400,7 @@ def test_generate_scores_given_outputs_as_the_model_would(tmp_path, trained, cap
     (tmp_path / "short.txt").write_text(ENGLISH[0] + "\n", encoding="utf-8")
     assert "--score has 1 lines but --input has 4: they must be parallel" in fails(
         ["--score", str(tmp_path / "short.txt"), "--output", str(tmp_path / "scores.tsv")])
-    assert "--beam-size, --n-best: not with --score (it scores the outputs given; nothing is searched)" in fails(
+    assert "--beam-size, --n-best: not with --score (it scores the text given; nothing is generated)" in fails(
         ["--score", str(tmp_path / "ref.txt"), "--beam-size", "4", "--n-best", "2"])
     assert pd.read_csv(tmp_path / "scores.tsv", sep="\t")["line"].tolist() == [1, 3]  # the earlier table kept
 
