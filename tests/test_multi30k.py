@@ -402,6 +402,9 @@ def test_generate_scores_given_outputs_as_the_model_would(tmp_path, trained, cap
         ["--score", str(tmp_path / "short.txt"), "--output", str(tmp_path / "scores.tsv")])
     assert "--beam-size, --n-best: not with --score (it scores the text given; nothing is generated)" in fails(
         ["--score", str(tmp_path / "ref.txt"), "--beam-size", "4", "--n-best", "2"])
+    with pytest.raises(SystemExit):
+        generate.main(["--task", "multi30k", "--models", str(trained), "--input", "-", "--score", "-"])
+    assert "--input and --score cannot both be stdin" in capsys.readouterr().err
     assert pd.read_csv(tmp_path / "scores.tsv", sep="\t")["line"].tolist() == [1, 3]  # the earlier table kept
 
 
