@@ -25,6 +25,7 @@ from pathlib import Path
 from lib.checkpoint import load_trained
 from lib.data import read_split
 from lib.decoding import score_outputs, translate_n_best
+from lib.evaluation import search_or_model
 from lib.tokenizer import encode_pairs, special_ids
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,12 +54,9 @@ def main():
         row = {}
         for alpha in sorted({0.0, args.alpha}):
             best = [h[0] for h in translate_n_best(model, pairs.src, ids, args.max_tokens, 20, beam_size, alpha)]
-            exact = [b.tokens == t for b, t in zip(best, pairs.tgt)]
-            search = [r.score > b.score + 1e-4 and not e for r, b, e in zip(references[alpha], best, exact)]
             row[f"alpha={alpha}"] = {
-                "exact": round(sum(exact) / n, 4),
-                "search_errors": round(sum(search) / n, 4),
-                "model_errors": round(sum(not s and not e for s, e in zip(search, exact)) / n, 4),
+                "exact": round(sum(b.tokens == t for b, t in zip(best, pairs.tgt)) / n, 4),
+                **{k: round(v, 4) for k, v in search_or_model(best, references[alpha]).items()},
                 "empty_beats_best": round(sum(m.score > b.score for m, b in zip(empty[alpha], best)) / n, 4),
                 "mean_best_score": round(sum(b.score for b in best) / n, 4),
                 "mean_best_tokens": round(sum(len(b.tokens) + b.eos for b in best) / n, 2),

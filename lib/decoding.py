@@ -62,6 +62,13 @@ class Decoder:
                 layer["self"]["v"] = layer["self"]["v"].index_select(0, rows)
 
 
+def _never_pad_or_bos(scores: torch.Tensor, ids: SpecialIds) -> torch.Tensor:
+    """scores (R, V), in place: neither pad nor bos can be chosen as a next token. Applied after any
+    normalisation, so that the other tokens keep the log-probabilities teacher forcing gives them."""
+    scores[:, [ids.pad, ids.bos]] = float("-inf")
+    return scores
+
+
 def _limits(model, src: torch.Tensor, max_new_tokens: torch.Tensor) -> torch.Tensor:
     return max_new_tokens.clamp(max=model.cfg.max_len - 1).to(src.device)
 
@@ -79,7 +86,7 @@ def _strip(row: list[int], ids: SpecialIds) -> list[int]:
 @torch.no_grad()
 def greedy_decode(model, src: torch.Tensor, ids: SpecialIds, max_new_tokens: torch.Tensor,
                   use_cache: bool = True) -> list[list[int]]:
-    """Most likely next token at each step, for a batch at once.
+    """Most likely next token at each step (never pad or bos), for a batch at once.
 
     src (B, S) ids; max_new_tokens (B,) the most tokens each sentence may
     produce, eos included (and never past the model's max_len). A sentence
@@ -92,7 +99,7 @@ def greedy_decode(model, src: torch.Tensor, ids: SpecialIds, max_new_tokens: tor
     out = torch.full((B, 1), ids.bos, dtype=torch.long, device=src.device)  # (B, 1)
     finished = torch.zeros(B, dtype=torch.bool, device=src.device)
     for t in range(int(limit.max())):
-        next_token = decoder.logits(out).argmax(dim=-1)  # (B,)
+        next_token = _never_pad_or_bos(decoder.logits(out), ids).argmax(dim=-1)  # (B,)
         next_token = next_token.masked_fill(finished, ids.pad)
         out = torch.cat([out, next_token[:, None]], dim=1)  # (B, T + 1)
         finished |= (next_token == ids.eos) | (t + 1 >= limit)
@@ -127,7 +134,7 @@ def beam_search(model, src: torch.Tensor, ids: SpecialIds, max_new_tokens: torch
     finished = torch.zeros(B * K, dtype=torch.bool, device=device)
     ended_with_eos = torch.zeros(B * K, dtype=torch.bool, device=device)
     for _ in range(int(limit.max())):
-        step = F.log_softmax(decoder.logits(out), dim=-1)  # (B*K, V)
+        step = _never_pad_or_bos(F.log_softmax(decoder.logits(out), dim=-1), ids)  # (B*K, V)
         V = step.size(-1)
         # A finished beam has one continuation, pad, that changes nothing.
         step[finished] = float("-inf")
@@ -186,11 +193,21 @@ def translate(model, sources: list[list[int]], ids: SpecialIds, max_tokens: int,
 def translate_n_best(model, sources: list[list[int]], ids: SpecialIds, max_tokens: int, max_extra_tokens: int,
                      beam_size: int, alpha: float = 0.0, n_best: int = 1,
                      use_cache: bool = True) -> list[list[Hypothesis]]:
-    """Beam search's ``n_best`` hypotheses for every source, in order, best first, with their scores
-    (beam_size 1: greedy search's output, scored)."""
+    """Beam search's ``n_best`` hypotheses for every source, in order, best first, with their scores.
+
+    beam_size 1 is greedy search, which beam search of one beam equals; it runs as ``greedy_decode``,
+    several times faster for a small model, and its outputs are then scored by teacher forcing.
+    """
     outputs: list[list[Hypothesis]] = [[] for _ in sources]
     for indices, src, limit in _source_batches(model, sources, ids, max_tokens, max_extra_tokens):
-        for i, hypotheses in zip(indices, beam_search(model, src, ids, limit, beam_size, alpha, n_best, use_cache)):
+        if beam_size > 1:
+            found = beam_search(model, src, ids, limit, beam_size, alpha, n_best, use_cache)
+        else:
+            tokens = greedy_decode(model, src, ids, limit, use_cache=use_cache)
+            cut = _limits(model, src, limit).tolist()  # an output this long ran out of room before its eos
+            found = [[h] for h in score_outputs(model, [sources[i] for i in indices], tokens, ids, max_tokens, alpha,
+                                                [len(t) < c for t, c in zip(tokens, cut)])]
+        for i, hypotheses in zip(indices, found):
             outputs[i] = hypotheses
     return outputs
 

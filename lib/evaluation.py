@@ -19,7 +19,7 @@ from lib import checkpoint
 from lib.checkpoint import atomic_path
 from lib.config import EvaluateConfig, LMEvaluateConfig
 from lib.data import Pairs, read_split, read_text
-from lib.decoding import sample, translate
+from lib.decoding import Hypothesis, sample, score_outputs, translate, translate_n_best
 from lib.metrics import perplexity
 from lib.tasks import get_task
 from lib.tokenizer import decode, encode, encode_pairs, encode_text, special_ids
@@ -30,6 +30,16 @@ def translate_texts(model, pairs: Pairs, ids, tokenizer, cfg: EvaluateConfig, be
     """Hypotheses for every source in ``pairs``, in order, as text (``tokenizer``: the target side's)."""
     outputs = translate(model, pairs.src, ids, cfg.max_tokens, cfg.max_extra_tokens, beam_size, cfg.alpha)
     return decode(tokenizer, outputs)
+
+
+def search_or_model(found: list[Hypothesis], references: list[Hypothesis]) -> dict:
+    """Whose fault the wrong outputs are, with the search's outputs and the references scored alike by the
+    model: a search error where the reference scores higher (the model prefers it; the search missed it), a
+    model error where it does not (the model prefers its own wrong output). Shares of all the sentences;
+    what is neither is an output equal to its reference, token for token."""
+    wrong = [f.tokens != r.tokens for f, r in zip(found, references)]
+    search = [w and r.score > f.score + 1e-4 for w, f, r in zip(wrong, found, references)]  # above float noise
+    return {"search_errors": sum(search) / len(found), "model_errors": (sum(wrong) - sum(search)) / len(found)}
 
 
 def write_outputs(metrics: dict, samples: pd.DataFrame, metrics_path, samples_path):
@@ -56,11 +66,18 @@ def evaluate_seq2seq(task, cfg: EvaluateConfig, data_dir, tokenizer_dir, model_p
     searches = {"greedy": 1} | ({f"beam{cfg.beam_size}": cfg.beam_size} if cfg.beam_size > 1 else {})
     outputs = {}
     for name, beam_size in searches.items():
+        # Beam search ranks by the length-penalised score; greedy search by the next token alone, so its
+        # outputs and the references are compared by their probability.
+        alpha = cfg.alpha if beam_size > 1 else 0.0
         started = time.perf_counter()
-        outputs[name] = translate_texts(model, pairs, ids, tokenizers.target, cfg, beam_size)
+        found = [hypotheses[0] for hypotheses in translate_n_best(model, pairs.src, ids, cfg.max_tokens,
+                                                                   cfg.max_extra_tokens, beam_size, alpha)]
         seconds = time.perf_counter() - started
+        outputs[name] = decode(tokenizers.target, [h.tokens for h in found])
         metrics[name] = {**module.score(outputs[name], references), "seconds": seconds,
-                         "sentences_per_s": len(test) / seconds}
+                         "sentences_per_s": len(test) / seconds,
+                         **search_or_model(found, score_outputs(model, pairs.src, pairs.tgt, ids, cfg.max_tokens,
+                                                                alpha))}
         if beam_size > 1:
             metrics[name]["alpha"] = cfg.alpha
     if hasattr(module, "breakdown"):  # e.g. multi30k's BLEU by source length

@@ -43,6 +43,12 @@ def metrics_table(metrics: dict) -> str:
                   side.to_markdown(index=False, disable_numparse=True)]
         signatures = {k: v for k, v in first.items() if k.endswith("signature")}
         lines += [""] + [f"- {name.replace('_', ' ')}: `{value}`" for name, value in signatures.items()]
+        if "search_errors" in first:
+            lines += ["- search errors: wrong outputs that the model scores below the reference, which it "
+                      "prefers but the search missed; model errors: wrong outputs it scores at least as high as "
+                      "the reference, its own preference. Greedy search is judged by the outputs' probability, "
+                      "beam search by the length-penalised score it ranks by (`lib.generate --score` scores "
+                      "any output)."]
     return "\n".join(lines)
 
 

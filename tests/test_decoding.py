@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from lib.decoding import (Decoder, beam_search, greedy_decode, sample, score_outputs, top_k_filter,
-                          top_p_filter)
+                          top_p_filter, translate_n_best)
 from lib.model import Transformer, TransformerLM
 from lib.tokenizer import SpecialIds
 from tests.conftest import model_config
@@ -91,6 +91,19 @@ def test_every_reported_score_is_the_models_log_probability(alpha):
             assert h.score == pytest.approx(expected.score, abs=1e-4)
             assert h.log_prob == pytest.approx(expected.log_prob, abs=1e-4)
             assert (h.tokens, h.eos) == (expected.tokens, expected.eos)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+def test_n_best_of_one_beam_runs_greedy_and_scores_it_as_beam_search_would(alpha):
+    model, src = seq2seq(seed=4), sources(B=12, seed=4)
+    sources_ = unpadded(src)
+    limit = torch.tensor([len(s) + 1 for s in sources_])  # one extra token: some outputs are cut before their eos
+    beams = beam_search(model, src, IDS, limit, beam_size=1, alpha=alpha)
+    greedy = translate_n_best(model, sources_, IDS, 4096, 1, beam_size=1, alpha=alpha)
+    assert {h[0].eos for h in greedy} == {True, False}
+    for [b], [g] in zip(beams, greedy):
+        assert (g.tokens, g.eos) == (b.tokens, b.eos)
+        assert (g.score, g.log_prob) == pytest.approx((b.score, b.log_prob), abs=1e-4)
 
 
 def test_scores_in_a_batch_equal_scores_alone():

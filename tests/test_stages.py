@@ -100,6 +100,8 @@ def test_evaluate_writes_metrics_and_samples(built):
     assert metrics["n_test"] == 60
     assert 0.0 <= metrics["greedy"]["exact_match"] <= 1.0
     assert metrics["perplexity"] > 1.0
+    greedy = metrics["greedy"]  # every wrong output is the search's fault or the model's (word-level: tokens = text)
+    assert greedy["search_errors"] + greedy["model_errors"] == pytest.approx(1 - greedy["exact_match"])
     samples = pd.read_json(built["samples"], lines=True, dtype=False)
     assert list(samples.columns) == ["split", "source", "reference", "greedy", "correct", "score", "first", "worst"]
     test, study = samples[samples["split"] == "test"], samples[samples["split"] == "lengths"]
@@ -113,6 +115,18 @@ def test_evaluate_writes_metrics_and_samples(built):
     assert (study["correct"] == (study["greedy"] == study["reference"])).all()
     by_length = study.groupby(study["source"].str.split().str.len())["correct"].mean()
     assert {f"{n}": share for n, share in by_length.items()} == metrics["by_length"]
+
+
+def test_a_wrong_output_is_a_search_error_only_where_the_model_scores_the_reference_higher():
+    from lib.decoding import Hypothesis
+    from lib.evaluation import search_or_model
+
+    def h(tokens, score):
+        return Hypothesis(tokens, score, score, True)
+
+    found = [h([1, 2], -1.0), h([1, 3], -2.0), h([1, 3], -1.0), h([4], -1.0)]
+    references = [h([1, 2], -1.0), h([1, 2], -1.5), h([1, 2], -3.0), h([1, 2], -1.0 + 1e-6)]  # last: a tie
+    assert search_or_model(found, references) == {"search_errors": 0.25, "model_errors": 0.5}
 
 
 def test_report_links_only_existing_pngs(built):
