@@ -14,7 +14,7 @@ way by teacher forcing (``lib.decoding.score_outputs``; what
 It also counts the sentences whose empty output (``<eos>`` alone) scores above
 the beam's best, at alpha 0 (raw log-probability) and at the alpha given: the
 short-output bias the length penalty is there for. Run from the repository root:
-    PYTHONPATH=. python benchmarks/search_errors.py [--split valid] [--beam-sizes 1 5 20] [--alpha 0.6]
+    PYTHONPATH=. python benchmarks/search_errors.py [--split valid] [--beam-sizes 1 5 20] [--alpha 1.5]
 """
 
 import argparse
@@ -23,6 +23,7 @@ from datetime import date
 from pathlib import Path
 
 from lib.checkpoint import load_trained
+from lib.config import load_params
 from lib.data import read_split
 from lib.decoding import score_outputs, translate_n_best
 from lib.evaluation import search_or_model
@@ -37,7 +38,8 @@ def main():
     parser.add_argument("--models", default=str(ROOT / "models" / "multi30k"))
     parser.add_argument("--split", default="valid", choices=["train", "valid", "test"])
     parser.add_argument("--beam-sizes", type=int, nargs="+", default=[1, 5, 20])
-    parser.add_argument("--alpha", type=float, default=0.6)
+    parser.add_argument("--alpha", type=float, default=load_params(ROOT / "params.yaml")["multi30k"]["evaluate"]["alpha"],
+                        help="beam search's length penalty (default: params.yaml's multi30k.evaluate.alpha)")
     parser.add_argument("--max-tokens", type=int, default=8192)
     args = parser.parse_args()
 
@@ -45,10 +47,10 @@ def main():
     ids = special_ids(tokenizers)
     pairs = encode_pairs(tokenizers, read_split(args.data, args.split))
     n = len(pairs.src)
-    references = {alpha: score_outputs(model, pairs.src, pairs.tgt, ids, args.max_tokens, alpha)
-                  for alpha in (0.0, args.alpha)}
-    empty = {alpha: score_outputs(model, pairs.src, [[] for _ in range(n)], ids, args.max_tokens, alpha)
-             for alpha in (0.0, args.alpha)}
+    scored = score_outputs(model, pairs.src, pairs.tgt, ids, args.max_tokens)
+    empty_scored = score_outputs(model, pairs.src, [[] for _ in range(n)], ids, args.max_tokens)  # <eos> alone
+    references = {alpha: [h.with_alpha(alpha) for h in scored] for alpha in (0.0, args.alpha)}
+    empty = {alpha: [h.with_alpha(alpha) for h in empty_scored] for alpha in (0.0, args.alpha)}
     results = {}
     for beam_size in args.beam_sizes:
         row = {}

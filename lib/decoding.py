@@ -25,6 +25,11 @@ class Hypothesis:
     log_prob: float  # the model's log-probability of the tokens, eos included when it ended with one
     eos: bool  # ended with eos (False: cut at its length limit); the eos is part of the score
 
+    def with_alpha(self, alpha: float) -> "Hypothesis":
+        """The same output, scored under another length penalty."""
+        return Hypothesis(self.tokens, self.log_prob / length_penalty(len(self.tokens) + self.eos, alpha),
+                          self.log_prob, self.eos)
+
 
 def length_penalty(length: torch.Tensor | int, alpha: float):
     """GNMT's ((5 + |Y|) / 6) ** alpha (Wu et al., 2016); |Y| counts the produced tokens, eos included."""
@@ -84,28 +89,42 @@ def _strip(row: list[int], ids: SpecialIds) -> list[int]:
 
 
 @torch.no_grad()
-def greedy_decode(model, src: torch.Tensor, ids: SpecialIds, max_new_tokens: torch.Tensor,
-                  use_cache: bool = True) -> list[list[int]]:
+def greedy_search(model, src: torch.Tensor, ids: SpecialIds, max_new_tokens: torch.Tensor, alpha: float = 0.0,
+                  use_cache: bool = True) -> list[Hypothesis]:
     """Most likely next token at each step (never pad or bos), for a batch at once.
 
     src (B, S) ids; max_new_tokens (B,) the most tokens each sentence may
     produce, eos included (and never past the model's max_len). A sentence
     stops at eos or at its limit; the loop stops when all have. Returns each
-    sentence's ids without bos and eos.
+    sentence's output with its score as beam search would report it (the
+    log-probabilities of the chosen tokens add up as they are chosen).
     """
     B = src.size(0)
     decoder = Decoder(model, src, ids, use_cache)
     limit = _limits(model, src, max_new_tokens)
     out = torch.full((B, 1), ids.bos, dtype=torch.long, device=src.device)  # (B, 1)
     finished = torch.zeros(B, dtype=torch.bool, device=src.device)
+    ended_with_eos = torch.zeros(B, dtype=torch.bool, device=src.device)
+    log_prob = torch.zeros(B, device=src.device)
     for t in range(int(limit.max())):
-        next_token = _never_pad_or_bos(decoder.logits(out), ids).argmax(dim=-1)  # (B,)
+        step = _never_pad_or_bos(F.log_softmax(decoder.logits(out), dim=-1), ids)  # (B, V)
+        best, next_token = step.max(dim=-1)  # (B,) each
+        log_prob += best.masked_fill(finished, 0.0)
         next_token = next_token.masked_fill(finished, ids.pad)
         out = torch.cat([out, next_token[:, None]], dim=1)  # (B, T + 1)
+        ended_with_eos |= next_token == ids.eos
         finished |= (next_token == ids.eos) | (t + 1 >= limit)
         if finished.all():
             break
-    return [_strip(row, ids) for row in out[:, 1:].tolist()]
+    tokens, eos = [_strip(row, ids) for row in out[:, 1:].tolist()], ended_with_eos.tolist()
+    return [Hypothesis(row, lp / length_penalty(len(row) + e, alpha), lp, e)
+            for row, lp, e in zip(tokens, log_prob.tolist(), eos)]
+
+
+def greedy_decode(model, src: torch.Tensor, ids: SpecialIds, max_new_tokens: torch.Tensor,
+                  use_cache: bool = True) -> list[list[int]]:
+    """``greedy_search``'s outputs alone: each sentence's ids without bos and eos."""
+    return [h.tokens for h in greedy_search(model, src, ids, max_new_tokens, use_cache=use_cache)]
 
 
 @torch.no_grad()
@@ -195,18 +214,15 @@ def translate_n_best(model, sources: list[list[int]], ids: SpecialIds, max_token
                      use_cache: bool = True) -> list[list[Hypothesis]]:
     """Beam search's ``n_best`` hypotheses for every source, in order, best first, with their scores.
 
-    beam_size 1 is greedy search, which beam search of one beam equals; it runs as ``greedy_decode``,
-    several times faster for a small model, and its outputs are then scored by teacher forcing.
+    beam_size 1 is greedy search, which beam search of one beam equals; it runs as ``greedy_search``,
+    several times faster for a small model.
     """
     outputs: list[list[Hypothesis]] = [[] for _ in sources]
     for indices, src, limit in _source_batches(model, sources, ids, max_tokens, max_extra_tokens):
         if beam_size > 1:
             found = beam_search(model, src, ids, limit, beam_size, alpha, n_best, use_cache)
         else:
-            tokens = greedy_decode(model, src, ids, limit, use_cache=use_cache)
-            cut = _limits(model, src, limit).tolist()  # an output this long ran out of room before its eos
-            found = [[h] for h in score_outputs(model, [sources[i] for i in indices], tokens, ids, max_tokens, alpha,
-                                                [len(t) < c for t, c in zip(tokens, cut)])]
+            found = [[h] for h in greedy_search(model, src, ids, limit, alpha, use_cache)]
         for i, hypotheses in zip(indices, found):
             outputs[i] = hypotheses
     return outputs

@@ -64,6 +64,7 @@ def evaluate_seq2seq(task, cfg: EvaluateConfig, data_dir, tokenizer_dir, model_p
     metrics = {"n_test": len(test), "loss": loss, "perplexity": perplexity(loss), "valid_loss": valid_loss,
                "valid_perplexity": perplexity(valid_loss)}
     searches = {"greedy": 1} | ({f"beam{cfg.beam_size}": cfg.beam_size} if cfg.beam_size > 1 else {})
+    scored_references = score_outputs(model, pairs.src, pairs.tgt, ids, cfg.max_tokens)
     outputs = {}
     for name, beam_size in searches.items():
         # Beam search ranks by the length-penalised score; greedy search by the next token alone, so its
@@ -76,8 +77,7 @@ def evaluate_seq2seq(task, cfg: EvaluateConfig, data_dir, tokenizer_dir, model_p
         outputs[name] = decode(tokenizers.target, [h.tokens for h in found])
         metrics[name] = {**module.score(outputs[name], references), "seconds": seconds,
                          "sentences_per_s": len(test) / seconds,
-                         **search_or_model(found, score_outputs(model, pairs.src, pairs.tgt, ids, cfg.max_tokens,
-                                                                alpha))}
+                         **search_or_model(found, [r.with_alpha(alpha) for r in scored_references])}
         if beam_size > 1:
             metrics[name]["alpha"] = cfg.alpha
     if hasattr(module, "breakdown"):  # e.g. multi30k's BLEU by source length
