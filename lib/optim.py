@@ -33,6 +33,15 @@ def smoothed_targets(target: torch.Tensor, vocab_size: int, pad_id: int, smoothi
     return dist  # (N, V)
 
 
+def smoothed_loss_floor(vocab_size: int, smoothing: float) -> float:
+    """The least label-smoothed loss a model can reach: the entropy of ``smoothed_targets``, reached when
+    it predicts exactly that distribution. A training loss levels off above it; plain cross-entropy
+    (the validation loss) can approach 0."""
+    if smoothing == 0:
+        return 0.0
+    return -(1 - smoothing) * math.log(1 - smoothing) - smoothing * math.log(smoothing / (vocab_size - 2))
+
+
 def _row_terms(z: torch.Tensor, target: torch.Tensor, pad_id: int) -> tuple[torch.Tensor, ...]:
     """What the smoothed loss needs of logits z (N, V): the gold logit, the row sum, the pad logit (N,) each."""
     return z.gather(1, target[:, None]).squeeze(1), z.sum(dim=1), z[:, pad_id].clone()

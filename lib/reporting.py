@@ -18,6 +18,7 @@ from lib import checkpoint  # noqa: E402
 from lib.config import ConfigError, flatten  # noqa: E402
 from lib.data import collate, read_split, read_text  # noqa: E402
 from lib.masks import padding_mask, target_mask  # noqa: E402
+from lib.optim import smoothed_loss_floor  # noqa: E402
 from lib.tasks import TASKS, get_task  # noqa: E402
 from lib.tokenizer import encode_pairs, encode_text, special_ids  # noqa: E402
 
@@ -83,20 +84,33 @@ def read_curve(live_dir: Path, name: str) -> pd.DataFrame | None:
     return frame.rename(columns={frame.columns[-1]: "value"})
 
 
-def plot_losses(live_dir: Path, out: Path):
-    """Training and validation loss (left) and the learning-rate schedule (right)."""
-    fig, (ax, ax_lr) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [3, 2]})
+def plot_losses(live_dir: Path, out: Path, floor: float = 0.0):
+    """Training and validation loss (left), the gradient norm (middle) and the learning-rate schedule
+    (right): where a loss will not fall, the other two usually say why. ``floor``: the least loss label
+    smoothing lets the training loss reach (0: none), drawn dashed."""
+    fig, (ax, ax_grad, ax_lr) = plt.subplots(1, 3, figsize=(15, 4), gridspec_kw={"width_ratios": [3, 2, 2]})
     train = read_curve(live_dir, "train/loss")
-    # Per-step losses are noisy: show a running mean over ~1% of the run.
+    # Per-step values are noisy: show a running mean over ~1% of the run.
     window = max(1, len(train) // 100)
     ax.plot(train["step"], train["value"].rolling(window, min_periods=1).mean(), label="train (per step)")
     for name, label in (("eval/train_loss", "train (fixed batches)"), ("valid/loss", "validation")):
         curve = read_curve(live_dir, name)
         if curve is not None:
             ax.plot(curve["step"], curve["value"], "o-", markersize=3, label=label)
+    if floor > 0:
+        ax.axhline(floor, color="tab:blue", linestyle="--", linewidth=1,
+                   label=f"label-smoothing floor of the training loss ({floor:.2f})")
     ax.set(xlabel="step", ylabel="loss (nats per token)", yscale="log", title="Training and validation loss")
     ax.grid(alpha=0.3)
     ax.legend()
+    grad = read_curve(live_dir, "train/grad_norm")
+    ax_grad.plot(grad["step"], grad["value"], color="tab:gray", alpha=0.3, linewidth=0.5, label="per step")
+    ax_grad.plot(grad["step"], grad["value"].rolling(window, min_periods=1).mean(), color="tab:green",
+                 label="running mean")
+    ax_grad.set(xlabel="step", ylabel="global L2 norm", yscale="log",
+                title="Gradient norm, before clipping to train.clip_norm")
+    ax_grad.grid(alpha=0.3)
+    ax_grad.legend()
     lr = read_curve(live_dir, "train/lr")
     ax_lr.plot(lr["step"], lr["value"], color="tab:purple")
     ax_lr.set(xlabel="step", ylabel="learning rate", title="Learning-rate schedule")
@@ -330,12 +344,21 @@ def run(task, cfg, data_dir, tokenizer_dir, model_path, metrics_path, samples_pa
         raise ConfigError(f"report.passage_tokens: {cfg.passage_tokens} is longer than the blocks the model "
                           f"was trained on (train.block_size {state['block_size']})")
 
-    plot_losses(live_dir, figures_dir / "loss.png")
+    smoothing = state.get("label_smoothing", 0.0)  # seq2seq models; an LM trains without
+    floor = smoothed_loss_floor(state["tgt_vocab_size"], smoothing)
+    plot_losses(live_dir, figures_dir / "loss.png", floor)
+    curves = [f"![loss curves, gradient norm and learning rate]({rel}/loss.png)", ""]
+    if floor > 0:
+        curves += [f"The per-step training loss is the label-smoothed loss (train.label_smoothing {smoothing}), "
+                   "under dropout: it levels off above the entropy of the smoothed targets, "
+                   f"{floor:.2f} nats a token here (dashed). The validation loss is plain cross-entropy in "
+                   "eval mode, which can approach 0: that the training loss stays above it is no sign of "
+                   "trouble.", ""]
     lines = [
         f"# {task}: report", "",
         f"Best model: step {state['step']}, validation loss {state['valid_loss']:.4f}.", "",
         "## Metrics", "", metrics_table(metrics), "",
-        "## Training curves", "", f"![loss curves and learning rate]({rel}/loss.png)", "",
+        "## Training curves", "", *curves,
     ]
     if module.KIND == "lm":
         lines += lm_sections(cfg, data_dir, tokenizers, model, samples, figures_dir, rel)

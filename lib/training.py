@@ -181,6 +181,9 @@ class Session:
         self.vocab = {"src_vocab_size": self.tokenizers.source.get_vocab_size(),
                       "tgt_vocab_size": self.tokenizers.target.get_vocab_size(),
                       "joint_vocab": self.tokenizers.joint}
+        # What the model file records of how it was trained, beside its step and validation loss: the
+        # report draws the least loss label smoothing lets the training loss reach.
+        self.trained_with = {"label_smoothing": cfg.label_smoothing} if hasattr(cfg, "label_smoothing") else {}
         torch.manual_seed(cfg.seed)
         self.model = build_model(cfg.model, self.kind, **self.vocab)
         self.model.to(self.device)
@@ -296,7 +299,7 @@ class Session:
 
     def save_model(self, extra: dict, path):
         if self.ctx.is_main:
-            checkpoint.save_model(self.model, self.kind, self.vocab, extra, path)
+            checkpoint.save_model(self.model, self.kind, self.vocab, {**extra, **self.trained_with}, path)
 
     def autocast(self):
         """The forward pass's precision: bf16 autocast, or nothing changed."""

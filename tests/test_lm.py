@@ -178,6 +178,7 @@ def test_lm_stages_write_metrics_samples_and_report(lm_built):
     for link in [line.split("](")[1].rstrip(")") for line in text.splitlines() if line.startswith("![")]:
         assert Path(lm_built["report"].parent / link).read_bytes()[:4] == b"\x89PNG"
     assert "self_attention.png" in text and "```" in text
+    assert "label-smoothed" not in text  # the LM trains on plain cross-entropy: no floor to explain
 
 
 def test_prompts_and_passage_that_the_model_cannot_take_are_named(lm_built, tmp_path):

@@ -102,3 +102,19 @@ def test_generator_nll_under_bf16_autocast_stays_close_to_float32():
     assert loss.dtype == torch.float32 and hidden.grad.dtype == generator.weight.grad.dtype == torch.float32
     assert loss.item() == pytest.approx(exact.item(), rel=1e-2)
     assert torch.allclose(hidden.grad, exact_grad, atol=2e-2 * exact_grad.abs().max().item())
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1, 0.3])
+def test_the_smoothed_loss_floor_is_the_loss_of_predicting_the_smoothed_targets(smoothing):
+    """No logits reach a lower label-smoothed loss than the floor, and predicting the smoothed
+    distribution itself reaches it."""
+    from lib.optim import smoothed_loss_floor
+
+    V, target = 12, torch.tensor([3, 5, 7, 11])
+    dist = smoothed_targets(target, V, PAD, smoothing)
+    best, n = label_smoothed_nll(dist.clamp_min(1e-30).log(), target, PAD, smoothing)
+    assert best.item() / n == pytest.approx(smoothed_loss_floor(V, smoothing), abs=1e-5)
+    torch.manual_seed(0)
+    for _ in range(20):
+        loss, n = label_smoothed_nll(torch.randn(4, V) * 3, target, PAD, smoothing)
+        assert loss.item() / n > smoothed_loss_floor(V, smoothing)

@@ -21,6 +21,7 @@ from lib import checkpoint, evaluation, reporting, tokenizer, training
 from lib.config import ConfigError, stage_config
 from lib.data import collate, read_split, read_text
 from lib.masks import padding_mask, target_mask
+from lib.optim import smoothed_loss_floor
 from lib.tasks import cumsum, run_prepare
 from tests.conftest import ROOT, TINY_PARAMS
 
@@ -133,6 +134,8 @@ def test_report_links_only_existing_pngs(built):
     text = built["report"].read_text()
     assert "## Metrics" in text and "## Worst test examples" in text
     assert "| metric" in text and "| greedy" in text and "| exact_match" in text  # the search's own table
+    floor = smoothed_loss_floor(checkpoint.load(built["model"])["tgt_vocab_size"], 0.1)  # TINY_PARAMS' smoothing
+    assert f"entropy of the smoothed targets, {floor:.2f} nats a token here (dashed)" in text
     links = [line.split("](")[1].rstrip(")") for line in text.splitlines() if line.startswith("![")]
     # curves, 3 heatmaps per attention example, accuracy by length, 3 heatmaps where it breaks
     assert len(links) == 1 + 3 * 2 + 1 + 3
