@@ -219,9 +219,11 @@ def write_figures(out_dir: Path, draw):
             os.replace(path, out_dir / path.name)
 
 
+SAMPLE_SEPARATOR = "-" * 15  # between an LM's samples, as nanoGPT's sample.py prints them
+
 # The options of each kind of task; given for the other kind, they are an error rather than ignored.
 TRANSLATION_OPTIONS = ("input", "beam_size", "alpha", "max_extra_tokens", "max_tokens", "n_best")
-LM_OPTIONS = ("prompt", "max_new_tokens", "temperature", "top_k", "top_p", "seed")
+LM_OPTIONS = ("prompt", "max_new_tokens", "temperature", "top_k", "top_p", "seed", "num_samples")
 # What steers a search or sampling: an error with --score, which generates nothing.
 GENERATION_OPTIONS = {"seq2seq": ("beam_size", "max_extra_tokens", "n_best"), "lm": LM_OPTIONS}
 
@@ -239,7 +241,8 @@ def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace, kin
             "--prompt is required (and must not be empty) to sample from the LM, or --score FILE to score a text"]
         rules = [("max_new_tokens", args.max_new_tokens >= 1, ">= 1"), ("temperature", args.temperature > 0, "> 0"),
                  ("top_k", args.top_k >= 0, ">= 0 (0: no top-k filter)"),
-                 ("top_p", 0 < args.top_p <= 1, "in (0, 1] (1: no nucleus filter)")]
+                 ("top_p", 0 < args.top_p <= 1, "in (0, 1] (1: no nucleus filter)"),
+                 ("num_samples", args.num_samples >= 1, ">= 1")]
     flag = lambda dest: "--" + dest.replace("_", "-")  # noqa: E731
     errors += [f"{flag(dest)} {getattr(args, dest)}: must be {must}" for dest, holds, must in rules if not holds]
     if args.score:
@@ -285,6 +288,9 @@ def main(argv=None):
     lm.add_argument("--top-k", type=int, default=0, help="0: no top-k filter")
     lm.add_argument("--top-p", type=float, default=1.0, help="1: no nucleus filter")
     lm.add_argument("--seed", type=int, default=0)
+    lm.add_argument("--num-samples", type=int, default=1,
+                    help=f"continuations of the prompt, drawn one after another from the seeded generator and "
+                         f"separated by a line {SAMPLE_SEPARATOR!r} (default 1; --attention draws the first's)")
     parser.add_argument("--attention", metavar="DIR",
                         help="also draw the attention that wrote each output, every layer and head: DIR/attention.md "
                              "and its PNGs (three per translated line: meant for a few sentences; the LM's covers "
@@ -339,13 +345,15 @@ def main(argv=None):
             encoding = tokenizers.target.encode(args.prompt, add_special_tokens=False)
             if note := unknown_note(args.prompt, encoding, special_ids(tokenizers).unk):
                 print(f"generate: the prompt: {note}", file=sys.stderr)
-            prompt = encoding.ids
-            out = sample(model, prompt, args.max_new_tokens, args.temperature, args.top_k,
-                         torch.Generator().manual_seed(args.seed), state["block_size"], args.top_p)
+            prompt, generator = encoding.ids, torch.Generator().manual_seed(args.seed)
+            outs = [sample(model, prompt, args.max_new_tokens, args.temperature, args.top_k, generator,
+                           state["block_size"], args.top_p) for _ in range(args.num_samples)]
             if args.attention:
                 write_figures(Path(args.attention), lambda figures: draw_lm_attention(
-                    model, tokenizers.target, out, state["block_size"], figures, "the prompt and its continuation"))
-            write_text(args.output, args.prompt + tokenizers.target.decode(out[len(prompt):]) + "\n")
+                    model, tokenizers.target, outs[0], state["block_size"], figures,
+                    "the prompt and its continuation"))
+            texts = [args.prompt + tokenizers.target.decode(out[len(prompt):]) + "\n" for out in outs]
+            write_text(args.output, (SAMPLE_SEPARATOR + "\n").join(texts))
     except (ValueError, FileNotFoundError, OSError) as err:
         print(f"generate: error: {err}", file=sys.stderr)
         sys.exit(2)

@@ -259,6 +259,10 @@ def test_generate_continues_a_prompt(tmp_path, lm_built, capsys):
     assert capsys.readouterr().out == first  # seeded, and drawing its attention changes nothing
     assert sorted(p.name for p in (tmp_path / "att").iterdir()) == ["attention.md", "self_attention.png"]
     assert "The first 16 tokens of the prompt" in (tmp_path / "att" / "attention.md").read_text()  # its block size
+    generate.main(run + ["--prompt", "ROMEO:\n", "--top-p", "0.9", "--seed", "3", "--num-samples", "3"])
+    samples = capsys.readouterr().out.split(generate.SAMPLE_SEPARATOR + "\n")
+    assert len(samples) == 3 and samples[0] == first  # one generator, drawn from in turn: the first is the same
+    assert all(s.startswith("ROMEO:\n") and len(s) == len(first) for s in samples) and len(set(samples)) == 3
     generate.main(run + ["--prompt", "ROMEO☃:\n"])
     assert "the prompt: not in the model's vocabulary, read as <unk>: '☃'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
