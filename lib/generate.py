@@ -259,12 +259,64 @@ def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace, kin
         raise ValueError("; ".join(errors))
 
 
+def translate_file(args: argparse.Namespace, model, tokenizers):
+    """Translate --input, or score --score beside it; write the outputs, or their table, to --output."""
+    lines = read_lines(args.input)
+    if args.score:
+        translations, messages, written = score_lines(model, tokenizers, lines, read_lines(args.score), args.alpha,
+                                                      args.max_tokens)
+    else:
+        translations, messages, written = translate_lines(model, tokenizers, lines, args.beam_size, args.alpha,
+                                                          args.max_extra_tokens, args.max_tokens, args.n_best or 1)
+    for message in messages:
+        print(f"generate: {message}", file=sys.stderr)
+    if args.attention:
+        write_figures(Path(args.attention), lambda figures: draw_translation_attention(
+            model, tokenizers, lines, translations, written, figures))
+    if args.score or args.n_best:
+        write_text(args.output, outputs_table(tokenizers, written, SCORE_COLUMNS if args.score else N_BEST_COLUMNS))
+    else:
+        write_text(args.output, "".join(t + "\n" for t in translations))
+
+
+def score_text(args: argparse.Namespace, model, tokenizers, block_size: int):
+    """The LM's loss, perplexity and bits per character on the whole of --score, as JSON."""
+    text = read_input(args.score)
+    encoding = tokenizers.target.encode(text, add_special_tokens=False)
+    if note := unknown_note(text, encoding, special_ids(tokenizers).unk):
+        print(f"generate: --score: {note}", file=sys.stderr)
+    if len(encoding.ids) < 2:
+        raise ValueError(f"--score {args.score}: {len(encoding.ids)} token(s); scoring needs at least 2 "
+                         "(the first is only read)")
+    scores = text_metrics(model, torch.tensor(encoding.ids), len(text), block_size)
+    if args.attention:
+        write_figures(Path(args.attention), lambda figures: draw_lm_attention(
+            model, tokenizers.target, encoding.ids, block_size, figures, "the text"))
+    write_text(args.output, json.dumps(scores, indent=2) + "\n")
+
+
+def continue_prompt(args: argparse.Namespace, model, tokenizers, block_size: int):
+    """--num-samples continuations of --prompt, sampled from the LM."""
+    encoding = tokenizers.target.encode(args.prompt, add_special_tokens=False)
+    if note := unknown_note(args.prompt, encoding, special_ids(tokenizers).unk):
+        print(f"generate: the prompt: {note}", file=sys.stderr)
+    prompt, generator = encoding.ids, torch.Generator().manual_seed(args.seed)
+    outs = [sample(model, prompt, args.max_new_tokens, args.temperature, args.top_k, generator, block_size,
+                   args.top_p) for _ in range(args.num_samples)]
+    if args.attention:
+        write_figures(Path(args.attention), lambda figures: draw_lm_attention(
+            model, tokenizers.target, outs[0], block_size, figures, "the prompt and its continuation"))
+    texts = [args.prompt + tokenizers.target.decode(out[len(prompt):]) + "\n" for out in outs]
+    write_text(args.output, (SAMPLE_SEPARATOR + "\n").join(texts))
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m lib.generate", description=__doc__.splitlines()[0])
     parser.add_argument("--task", required=True, help="a task the pipeline trained (models/<task>/)")
     parser.add_argument("--models", help="the directory with model.pt and tokenizer/ (default: models/<task>)")
     parser.add_argument("--output", default="-",
-                        help="one translation per line, or the LM's text; - for stdout (default)")
+                        help="one translation per line (a table with --n-best or --score), or the LM's text (JSON "
+                             "with --score); - for stdout (default)")
     translation = parser.add_argument_group("translation (seq2seq tasks)")
     translation.add_argument("--input", help="one source sentence per line; - for stdin")
     translation.add_argument("--beam-size", type=int, default=1, help="1: greedy (default)")
@@ -310,50 +362,11 @@ def main(argv=None):
             raise ValueError(f"{directory / 'model.pt'} holds a model of kind {state['kind']!r}, but {args.task} "
                              f"is a {kind!r} task")
         if kind == "seq2seq":
-            lines = read_lines(args.input)
-            if args.score:
-                translations, messages, written = score_lines(model, tokenizers, lines, read_lines(args.score),
-                                                              args.alpha, args.max_tokens)
-            else:
-                translations, messages, written = translate_lines(
-                    model, tokenizers, lines, args.beam_size, args.alpha, args.max_extra_tokens, args.max_tokens,
-                    args.n_best or 1)
-            for message in messages:
-                print(f"generate: {message}", file=sys.stderr)
-            if args.attention:
-                write_figures(Path(args.attention), lambda figures: draw_translation_attention(
-                    model, tokenizers, lines, translations, written, figures))
-            if args.score or args.n_best:
-                write_text(args.output, outputs_table(tokenizers, written, SCORE_COLUMNS if args.score else
-                                                      N_BEST_COLUMNS))
-            else:
-                write_text(args.output, "".join(t + "\n" for t in translations))
+            translate_file(args, model, tokenizers)
         elif args.score:
-            text = read_input(args.score)
-            encoding = tokenizers.target.encode(text, add_special_tokens=False)
-            if note := unknown_note(text, encoding, special_ids(tokenizers).unk):
-                print(f"generate: --score: {note}", file=sys.stderr)
-            if len(encoding.ids) < 2:
-                raise ValueError(f"--score {args.score}: {len(encoding.ids)} token(s); scoring needs at least 2 "
-                                 "(the first is only read)")
-            scores = text_metrics(model, torch.tensor(encoding.ids), len(text), state["block_size"])
-            if args.attention:
-                write_figures(Path(args.attention), lambda figures: draw_lm_attention(
-                    model, tokenizers.target, encoding.ids, state["block_size"], figures, "the text"))
-            write_text(args.output, json.dumps(scores, indent=2) + "\n")
+            score_text(args, model, tokenizers, state["block_size"])
         else:
-            encoding = tokenizers.target.encode(args.prompt, add_special_tokens=False)
-            if note := unknown_note(args.prompt, encoding, special_ids(tokenizers).unk):
-                print(f"generate: the prompt: {note}", file=sys.stderr)
-            prompt, generator = encoding.ids, torch.Generator().manual_seed(args.seed)
-            outs = [sample(model, prompt, args.max_new_tokens, args.temperature, args.top_k, generator,
-                           state["block_size"], args.top_p) for _ in range(args.num_samples)]
-            if args.attention:
-                write_figures(Path(args.attention), lambda figures: draw_lm_attention(
-                    model, tokenizers.target, outs[0], state["block_size"], figures,
-                    "the prompt and its continuation"))
-            texts = [args.prompt + tokenizers.target.decode(out[len(prompt):]) + "\n" for out in outs]
-            write_text(args.output, (SAMPLE_SEPARATOR + "\n").join(texts))
+            continue_prompt(args, model, tokenizers, state["block_size"])
     except (ValueError, FileNotFoundError, OSError) as err:
         print(f"generate: error: {err}", file=sys.stderr)
         sys.exit(2)
