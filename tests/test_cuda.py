@@ -52,6 +52,23 @@ def test_training_step_and_cached_decoding_on_cuda():
         out = torch.cat([out, tgt[:, t:t + 1]], dim=1)
 
 
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_searches_on_cuda_report_the_scores_teacher_forcing_gives(beam_size):
+    """Greedy and beam search keep their running log-probabilities on the device; teacher forcing there
+    gives the same scores (what evaluate's search and model errors compare)."""
+    from lib.decoding import score_outputs, translate_n_best
+    from tests.test_decoding import unpadded
+
+    torch.manual_seed(0)
+    model = Transformer(model_config(tie_embeddings=True), V, V, joint_vocab=True).cuda().eval()
+    srcs = unpadded(sources())
+    found = [h[0] for h in translate_n_best(model, srcs, IDS, 4096, 4, beam_size, alpha=0.6)]
+    again = score_outputs(model, srcs, [h.tokens for h in found], IDS, 4096, 0.6, [h.eos for h in found])
+    for h, g in zip(found, again):
+        assert (h.tokens, h.eos) == (g.tokens, g.eos)
+        assert abs(h.score - g.score) < 1e-3 and abs(h.log_prob - g.log_prob) < 1e-3
+
+
 def test_dropout_on_cuda_drops_at_its_rate_and_keeps_the_expectation():
     from lib.dropout import Dropout
 
