@@ -5,6 +5,7 @@ on the CPU, from the trained weights: nothing is retrained.
 """
 
 import json
+import math
 from pathlib import Path
 
 import matplotlib
@@ -119,6 +120,24 @@ def plot_losses(live_dir: Path, out: Path, floor: float = 0.0):
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
+
+
+def curves_caption(first_loss: float, vocab_size: int, smoothing: float, floor: float) -> str:
+    """What to expect of the training loss at both ends: at the first step, before any update, a model
+    that has learnt nothing predicts every token alike and scores ln V (label smoothing or not); at the
+    end, a label-smoothed loss levels off above ``floor``."""
+    uniform = math.log(vocab_size)
+    text = (f"The first step's training loss, before any update, was {first_loss:.2f} nats a token; a model "
+            f"that has learnt nothing yet and predicts every token alike scores ln {vocab_size} = {uniform:.2f}.")
+    if first_loss > uniform + 1:
+        text += (" Far above it: the initial weights predict confidently, and wrongly; the first steps go into "
+                 "undoing that.")
+    if floor > 0:
+        text += (f" The per-step training loss is the label-smoothed loss (train.label_smoothing {smoothing}), "
+                 "under dropout: it levels off above the entropy of the smoothed targets, "
+                 f"{floor:.2f} nats a token here (dashed). The validation loss is plain cross-entropy in eval "
+                 "mode, which can approach 0: that the training loss stays above it is no sign of trouble.")
+    return text
 
 
 def plot_attention_grid(weights: list[torch.Tensor], rows: list[str], cols: list[str], title: str, out: Path,
@@ -347,13 +366,9 @@ def run(task, cfg, data_dir, tokenizer_dir, model_path, metrics_path, samples_pa
     smoothing = state.get("label_smoothing", 0.0)  # seq2seq models; an LM trains without
     floor = smoothed_loss_floor(state["tgt_vocab_size"], smoothing)
     plot_losses(live_dir, figures_dir / "loss.png", floor)
-    curves = [f"![loss curves, gradient norm and learning rate]({rel}/loss.png)", ""]
-    if floor > 0:
-        curves += [f"The per-step training loss is the label-smoothed loss (train.label_smoothing {smoothing}), "
-                   "under dropout: it levels off above the entropy of the smoothed targets, "
-                   f"{floor:.2f} nats a token here (dashed). The validation loss is plain cross-entropy in "
-                   "eval mode, which can approach 0: that the training loss stays above it is no sign of "
-                   "trouble.", ""]
+    curves = [f"![loss curves, gradient norm and learning rate]({rel}/loss.png)", "",
+              curves_caption(read_curve(live_dir, "train/loss")["value"].iloc[0], state["tgt_vocab_size"],
+                             smoothing, floor), ""]
     lines = [
         f"# {task}: report", "",
         f"Best model: step {state['step']}, validation loss {state['valid_loss']:.4f}.", "",

@@ -130,12 +130,23 @@ def test_a_wrong_output_is_a_search_error_only_where_the_model_scores_the_refere
     assert search_or_model(found, references) == {"search_errors": 0.25, "model_errors": 0.5}
 
 
+def test_the_curves_caption_says_where_the_loss_should_start_and_where_it_can_end():
+    import math
+
+    calm = reporting.curves_caption(4.3, 69, 0.0, 0.0)
+    assert f"ln 69 = {math.log(69):.2f}" in calm and "Far above" not in calm and "label-smoothed" not in calm
+    assert "Far above it" in reporting.curves_caption(11.0, 69, 0.0, 0.0)
+    assert "entropy of the smoothed targets, 0.86 nats" in reporting.curves_caption(5.4, 221, 0.1, 0.864)
+
+
 def test_report_links_only_existing_pngs(built):
     text = built["report"].read_text()
     assert "## Metrics" in text and "## Worst test examples" in text
     assert "| metric" in text and "| greedy" in text and "| exact_match" in text  # the search's own table
     floor = smoothed_loss_floor(checkpoint.load(built["model"])["tgt_vocab_size"], 0.1)  # TINY_PARAMS' smoothing
     assert f"entropy of the smoothed targets, {floor:.2f} nats a token here (dashed)" in text
+    first = pd.read_csv(built["live"] / "plots" / "metrics" / "train" / "loss.tsv", sep="\t")["loss"].iloc[0]
+    assert f"before any update, was {first:.2f} nats a token" in text
     links = [line.split("](")[1].rstrip(")") for line in text.splitlines() if line.startswith("![")]
     # curves, 3 heatmaps per attention example, accuracy by length, 3 heatmaps where it breaks
     assert len(links) == 1 + 3 * 2 + 1 + 3
