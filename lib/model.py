@@ -242,6 +242,10 @@ class TransformerLM(nn.Module):
         self.norm = layer_norm(cfg) if cfg.norm_first else nn.Identity()
         self.generator = nn.Linear(cfg.d_model, vocab_size, bias=cfg.bias)
         _xavier_init(self)
+        # Small token vectors, as GPT-2 and nanoGPT start them. Xavier's, scaled by sqrt(d_model), outweigh
+        # everything else in the residual stream; under a final LayerNorm and a tied output layer each position
+        # then predicts its own input token, surely: a first loss near 11 where ln V is 4.2 (shakespeare).
+        nn.init.normal_(self.embed.tokens.weight, std=0.02)
         if cfg.tie_embeddings:
             self.generator.weight = self.embed.tokens.weight
 

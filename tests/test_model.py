@@ -132,6 +132,26 @@ def test_weight_tying():
     assert lm.generator.weight is lm.embed.tokens.weight
 
 
+@pytest.mark.parametrize("norm_first", [True, False])
+def test_an_untrained_lm_predicts_every_token_about_alike(norm_first):
+    """Its first loss is near ln V, what knowing nothing scores, rather than far above it: no position starts
+    out predicting its own input token (which Xavier-sized token vectors under sqrt(d_model) did: 11 nats)."""
+    import math
+
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    V = 69  # shakespeare's characters and the special tokens
+    lm = TransformerLM(model_config(d_model=192, n_heads=6, d_ff=768, decoder_layers=4, encoder_layers=0,
+                                    norm_first=norm_first, tie_embeddings=True, max_len=128), V).eval()
+    ids = torch.randint(4, V, (8, 128))
+    with torch.no_grad():
+        logits = lm(ids)  # (B, T, V)
+    loss = F.cross_entropy(logits[:, :-1].reshape(-1, V), ids[:, 1:].reshape(-1)).item()
+    assert abs(loss - math.log(V)) < 0.3
+    assert (logits.argmax(-1) == ids).float().mean() < 0.9
+
+
 def test_overfits_one_batch():
     model = build_model(model_config(), "seq2seq", 30, 30, joint_vocab=True).train()
     src = torch.randint(4, 30, (8, 6))
