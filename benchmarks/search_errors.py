@@ -38,7 +38,8 @@ def main():
     parser.add_argument("--models", default=str(ROOT / "models" / "multi30k"))
     parser.add_argument("--split", default="valid", choices=["train", "valid", "test"])
     parser.add_argument("--beam-sizes", type=int, nargs="+", default=[1, 5, 20])
-    parser.add_argument("--alpha", type=float, default=load_params(ROOT / "params.yaml")["multi30k"]["evaluate"]["alpha"],
+    tuned = load_params(ROOT / "params.yaml")["multi30k"]["evaluate"]["alpha"]
+    parser.add_argument("--alpha", type=float, default=tuned,
                         help="beam search's length penalty (default: params.yaml's multi30k.evaluate.alpha)")
     parser.add_argument("--max-tokens", type=int, default=8192)
     args = parser.parse_args()

@@ -24,11 +24,12 @@ class Hypothesis:
     score: float  # log_prob / length penalty (see ``length_penalty``): what beam search ranks by
     log_prob: float  # the model's log-probability of the tokens, eos included when it ended with one
     eos: bool  # ended with eos (False: cut at its length limit); the eos is part of the score
+    token_log_probs: tuple[float, ...] = ()  # each produced token's, eos included; ``score_outputs`` gives them
 
     def with_alpha(self, alpha: float) -> "Hypothesis":
         """The same output, scored under another length penalty."""
         return Hypothesis(self.tokens, self.log_prob / length_penalty(len(self.tokens) + self.eos, alpha),
-                          self.log_prob, self.eos)
+                          self.log_prob, self.eos, self.token_log_probs)
 
 
 def length_penalty(length: torch.Tensor | int, alpha: float):
@@ -245,7 +246,8 @@ def score_outputs(model, sources: list[list[int]], outputs: list[list[int]], ids
         for row, i in enumerate(indices):
             length = len(outputs[i]) + eos[i]  # the tokens produced, eos included
             log_prob = log_probs[row, :length].sum().item()
-            scored[i] = Hypothesis(outputs[i], log_prob / length_penalty(length, alpha), log_prob, eos[i])
+            scored[i] = Hypothesis(outputs[i], log_prob / length_penalty(length, alpha), log_prob, eos[i],
+                                   tuple(log_probs[row, :length].tolist()))
     return [scored[i] for i in range(len(outputs))]
 
 

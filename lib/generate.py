@@ -132,15 +132,26 @@ def score_lines(model, tokenizers, lines: list[str], references: list[str], alph
 
 
 N_BEST_COLUMNS = ("line", "rank", "score", "log_prob", "tokens", "eos", "translation")
-SCORE_COLUMNS = ("line", "score", "log_prob", "tokens", "translation")  # --score: rank 1, eos true
+SCORE_COLUMNS = ("line", "score", "log_prob", "tokens", "least_likely", "translation")  # --score: eos true
 LM_SCORES = ("tokens", "loss", "perplexity", "bits_per_char")  # --score for an LM: lib.evaluation.text_metrics
+
+
+def least_likely(tokenizer, h: Hypothesis) -> str:
+    """The output token the model found least likely, and its log-probability ("▁play -2.31"); empty
+    where the per-token log-probabilities are not known (a search's outputs)."""
+    if not h.token_log_probs:
+        return ""
+    j = min(range(len(h.token_log_probs)), key=h.token_log_probs.__getitem__)
+    piece = tokenizer.id_to_token(h.tokens[j]) if j < len(h.tokens) else "<eos>"
+    return f"{piece} {h.token_log_probs[j]:.2f}"
 
 
 def outputs_table(tokenizers, written: dict[int, tuple[list[int], list[Hypothesis]]], columns: tuple[str, ...]) -> str:
     """Tab-separated, with a header: for each translated line (numbered from 1) its outputs, best first.
     log_prob is the model's log-probability of the output (natural log), eos included when the output
     ended with one (eos false: it was cut at its length limit); score is what beam search ranks by,
-    log_prob / ((5 + tokens) / 6) ** alpha, where tokens counts the eos too. A field holding a tab, a
+    log_prob / ((5 + tokens) / 6) ** alpha, where tokens counts the eos too; least_likely (given outputs
+    only) is the token the model found least likely there, with its log-probability. A field holding a tab, a
     newline or a double quote is quoted, as CSV does, so that ``pandas.read_csv(sep="\\t")`` reads it."""
     table = io.StringIO()
     writer = csv.writer(table, delimiter="\t", lineterminator="\n")
@@ -150,7 +161,8 @@ def outputs_table(tokenizers, written: dict[int, tuple[list[int], list[Hypothesi
         texts = decode(tokenizers.target, [h.tokens for h in hypotheses])
         for rank, (h, text) in enumerate(zip(hypotheses, texts), start=1):
             row = {"line": i + 1, "rank": rank, "score": f"{h.score:.4f}", "log_prob": f"{h.log_prob:.4f}",
-                   "tokens": len(h.tokens) + h.eos, "eos": str(h.eos).lower(), "translation": text}
+                   "tokens": len(h.tokens) + h.eos, "eos": str(h.eos).lower(),
+                   "least_likely": least_likely(tokenizers.target, h), "translation": text}
             writer.writerow([row[column] for column in columns])
     return table.getvalue()
 

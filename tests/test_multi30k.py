@@ -366,8 +366,9 @@ def test_generate_scores_given_outputs_as_the_model_would(tmp_path, trained, cap
     """--score FILE: each given output (a reference, say) scored beside its source line: its log-probability
     is minus the summed cross-entropy training's own loss gives it; lines it cannot use are named."""
     from lib import generate
-    from lib.data import Pairs
+    from lib.data import Pairs, collate
     from lib.decoding import length_penalty
+    from lib.masks import padding_mask, target_mask
     from lib.tokenizer import encode, encode_sources, special_ids
 
     (tmp_path / "in.txt").write_text("\n".join([GERMAN[0], "", GERMAN[1], GERMAN[2]]) + "\n", encoding="utf-8")
@@ -390,6 +391,15 @@ def test_generate_scores_given_outputs_as_the_model_would(tmp_path, trained, cap
         assert row.tokens == len(output) + 1
         assert row.log_prob == pytest.approx(-training.mean_loss(model, pair, ids, 8192, "cpu") * row.tokens, abs=1e-3)
         assert row.score == pytest.approx(row.log_prob / length_penalty(row.tokens, 0.6), abs=1e-3)
+        with torch.no_grad():  # each token's log-probability, the eos's last: the least likely one is named
+            batch = collate(pair, [0], ids)
+            logits = model(batch.src, batch.tgt_in, padding_mask(batch.src, ids.pad),
+                           target_mask(batch.tgt_in, ids.pad))
+            token_log_probs = torch.log_softmax(logits[0], -1).gather(1, batch.tgt_out[0, :, None])[:, 0]
+        j = int(token_log_probs.argmin())
+        piece, value = row.least_likely.rsplit(" ", 1)
+        assert piece == (toks.target.id_to_token(output[j]) if j < len(output) else "<eos>")
+        assert float(value) == pytest.approx(token_log_probs[j].item(), abs=0.006)
 
     def fails(args: list[str]) -> str:
         with pytest.raises(SystemExit) as exit_info:
