@@ -137,7 +137,7 @@ LM_SCORES = ("tokens", "loss", "perplexity", "bits_per_char")  # --score for an 
 
 
 def least_likely(tokenizer, h: Hypothesis) -> str:
-    """The output token the model found least likely, and its log-probability ("▁play -2.31"); empty
+    """The output token the model found least likely, and its log-probability ("28 -4.18"); empty
     where the per-token log-probabilities are not known (a search's outputs)."""
     if not h.token_log_probs:
         return ""
