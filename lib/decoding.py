@@ -26,10 +26,15 @@ class Hypothesis:
     eos: bool  # ended with eos (False: cut at its length limit); the eos is part of the score
     token_log_probs: tuple[float, ...] = ()  # each produced token's, eos included; ``score_outputs`` gives them
 
+    @classmethod
+    def of(cls, tokens: list[int], log_prob: float, eos: bool, alpha: float,
+           token_log_probs: tuple[float, ...] = ()) -> "Hypothesis":
+        """An output with its log-probability, scored as beam search ranks it under length penalty ``alpha``."""
+        return cls(tokens, log_prob / length_penalty(len(tokens) + eos, alpha), log_prob, eos, token_log_probs)
+
     def with_alpha(self, alpha: float) -> "Hypothesis":
         """The same output, scored under another length penalty."""
-        return Hypothesis(self.tokens, self.log_prob / length_penalty(len(self.tokens) + self.eos, alpha),
-                          self.log_prob, self.eos, self.token_log_probs)
+        return Hypothesis.of(self.tokens, self.log_prob, self.eos, alpha, self.token_log_probs)
 
 
 def length_penalty(length: torch.Tensor | int, alpha: float):
@@ -118,14 +123,7 @@ def greedy_search(model, src: torch.Tensor, ids: SpecialIds, max_new_tokens: tor
         if finished.all():
             break
     tokens, eos = [_strip(row, ids) for row in out[:, 1:].tolist()], ended_with_eos.tolist()
-    return [Hypothesis(row, lp / length_penalty(len(row) + e, alpha), lp, e)
-            for row, lp, e in zip(tokens, log_prob.tolist(), eos)]
-
-
-def greedy_decode(model, src: torch.Tensor, ids: SpecialIds, max_new_tokens: torch.Tensor,
-                  use_cache: bool = True) -> list[list[int]]:
-    """``greedy_search``'s outputs alone: each sentence's ids without bos and eos."""
-    return [h.tokens for h in greedy_search(model, src, ids, max_new_tokens, use_cache=use_cache)]
+    return [Hypothesis.of(row, lp, e, alpha) for row, lp, e in zip(tokens, log_prob.tolist(), eos)]
 
 
 @torch.no_grad()
@@ -136,7 +134,7 @@ def beam_search(model, src: torch.Tensor, ids: SpecialIds, max_new_tokens: torch
     A hypothesis's score is its log-probability under the model divided by
     ``length_penalty(length, alpha)``; candidates are ranked by that score at
     every step, so alpha > 0 stops favouring short outputs. A beam that emits
-    eos (or reaches its sentence's limit, as in ``greedy_decode``) is finished:
+    eos (or reaches its sentence's limit, as in ``greedy_search``) is finished:
     it keeps its slot and score, continuing with pad at no cost. The search
     stops when every beam of every sentence has finished. Returns, per
     sentence, the ``n_best`` hypotheses, best first. With beam_size 1 it is
@@ -200,14 +198,8 @@ def translate(model, sources: list[list[int]], ids: SpecialIds, max_tokens: int,
     Sources are batched by length within ``max_tokens``; each may produce its
     length + ``max_extra_tokens`` tokens (eos included).
     """
-    if beam_size > 1:
-        return [hypotheses[0].tokens for hypotheses in translate_n_best(
-            model, sources, ids, max_tokens, max_extra_tokens, beam_size, alpha, use_cache=use_cache)]
-    outputs: list[list[int]] = [[] for _ in sources]
-    for indices, src, limit in _source_batches(model, sources, ids, max_tokens, max_extra_tokens):
-        for i, tokens in zip(indices, greedy_decode(model, src, ids, limit, use_cache=use_cache)):
-            outputs[i] = tokens
-    return outputs
+    return [hypotheses[0].tokens for hypotheses in translate_n_best(
+        model, sources, ids, max_tokens, max_extra_tokens, beam_size, alpha, use_cache=use_cache)]
 
 
 def translate_n_best(model, sources: list[list[int]], ids: SpecialIds, max_tokens: int, max_extra_tokens: int,
@@ -243,11 +235,10 @@ def score_outputs(model, sources: list[list[int]], outputs: list[list[int]], ids
         batch = collate(pairs, indices, ids).to(device)  # tgt_out: each output + eos, then pad
         logits = model(batch.src, batch.tgt_in, padding_mask(batch.src, ids.pad), target_mask(batch.tgt_in, ids.pad))
         log_probs = F.log_softmax(logits.float(), dim=-1).gather(2, batch.tgt_out[..., None])[..., 0]  # (B, T)
+        log_probs = log_probs.cpu()  # one transfer a batch, not one a sentence
         for row, i in enumerate(indices):
-            length = len(outputs[i]) + eos[i]  # the tokens produced, eos included
-            log_prob = log_probs[row, :length].sum().item()
-            scored[i] = Hypothesis(outputs[i], log_prob / length_penalty(length, alpha), log_prob, eos[i],
-                                   tuple(log_probs[row, :length].tolist()))
+            produced = log_probs[row, :len(outputs[i]) + eos[i]]  # the tokens produced, eos included
+            scored[i] = Hypothesis.of(outputs[i], produced.sum().item(), eos[i], alpha, tuple(produced.tolist()))
     return [scored[i] for i in range(len(outputs))]
 
 

@@ -69,11 +69,16 @@ def unknown_note(text: str, encoding, unk: int) -> str | None:
     return f"not in the model's vocabulary, read as <unk>: {shown}"
 
 
+def normalized(lines: list[str]) -> list[str]:
+    """Lines as the data was prepared: NFC, stripped."""
+    return [unicodedata.normalize("NFC", line).strip() for line in lines]
+
+
 def read_sources(model, tokenizers, lines: list[str]) -> tuple[dict[int, list[int]], list[str]]:
     """The token ids of each line the model can take, by line index, and messages about the lines it
     cannot (longer than its max_len) or reads in part as <unk>. Empty lines are left out silently."""
     unk = special_ids(tokenizers).unk
-    texts = [unicodedata.normalize("NFC", line).strip() for line in lines]
+    texts = normalized(lines)
     sources, messages = {}, []
     for i, (text, encoding) in enumerate(zip(texts, encode_sources(tokenizers, texts))):
         if not text:
@@ -113,10 +118,9 @@ def score_lines(model, tokenizers, lines: list[str], references: list[str], alph
                          "parallel, one output per source line")
     sources, messages = read_sources(model, tokenizers, lines)
     unk = special_ids(tokenizers).unk
-    texts = [unicodedata.normalize("NFC", line).strip() for line in references]
+    texts, given = normalized(references), sorted(sources)
     outputs = {}
-    for i, encoding in zip(sorted(sources), tokenizers.target.encode_batch(
-            [texts[i] for i in sorted(sources)], add_special_tokens=False)):
+    for i, encoding in zip(given, tokenizers.target.encode_batch([texts[i] for i in given], add_special_tokens=False)):
         if len(encoding.ids) + 1 > model.cfg.max_len:  # with its eos
             messages.append(f"line {i + 1}: the --score output has {len(encoding.ids)} tokens and an eos, more "
                             f"than the model's max_len {model.cfg.max_len}; not scored")
@@ -291,28 +295,31 @@ def translate_file(args: argparse.Namespace, model, tokenizers):
         write_text(args.output, "".join(t + "\n" for t in translations))
 
 
+def lm_ids(tokenizers, text: str, what: str) -> list[int]:
+    """The LM's token ids of ``text``; what it cannot read (<unk>) is named on stderr as part of ``what``."""
+    encoding = tokenizers.target.encode(text, add_special_tokens=False)
+    if note := unknown_note(text, encoding, special_ids(tokenizers).unk):
+        print(f"generate: {what}: {note}", file=sys.stderr)
+    return encoding.ids
+
+
 def score_text(args: argparse.Namespace, model, tokenizers, block_size: int):
     """The LM's loss, perplexity and bits per character on the whole of --score, as JSON."""
     text = read_input(args.score)
-    encoding = tokenizers.target.encode(text, add_special_tokens=False)
-    if note := unknown_note(text, encoding, special_ids(tokenizers).unk):
-        print(f"generate: --score: {note}", file=sys.stderr)
-    if len(encoding.ids) < 2:
-        raise ValueError(f"--score {args.score}: {len(encoding.ids)} token(s); scoring needs at least 2 "
+    ids = lm_ids(tokenizers, text, "--score")
+    if len(ids) < 2:
+        raise ValueError(f"--score {args.score}: {len(ids)} token(s); scoring needs at least 2 "
                          "(the first is only read)")
-    scores = text_metrics(model, torch.tensor(encoding.ids), len(text), block_size)
+    scores = text_metrics(model, torch.tensor(ids), len(text), block_size)
     if args.attention:
         write_figures(Path(args.attention), lambda figures: draw_lm_attention(
-            model, tokenizers.target, encoding.ids, block_size, figures, "the text"))
+            model, tokenizers.target, ids, block_size, figures, "the text"))
     write_text(args.output, json.dumps(scores, indent=2) + "\n")
 
 
 def continue_prompt(args: argparse.Namespace, model, tokenizers, block_size: int):
     """--num-samples continuations of --prompt, sampled from the LM."""
-    encoding = tokenizers.target.encode(args.prompt, add_special_tokens=False)
-    if note := unknown_note(args.prompt, encoding, special_ids(tokenizers).unk):
-        print(f"generate: the prompt: {note}", file=sys.stderr)
-    prompt, generator = encoding.ids, torch.Generator().manual_seed(args.seed)
+    prompt, generator = lm_ids(tokenizers, args.prompt, "the prompt"), torch.Generator().manual_seed(args.seed)
     outs = [sample(model, prompt, args.max_new_tokens, args.temperature, args.top_k, generator, block_size,
                    args.top_p) for _ in range(args.num_samples)]
     if args.attention:

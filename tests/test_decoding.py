@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from lib.decoding import (Decoder, beam_search, greedy_decode, sample, score_outputs, top_k_filter,
+from lib.decoding import (Decoder, beam_search, greedy_search, sample, score_outputs, top_k_filter,
                           top_p_filter, translate_n_best)
 from lib.model import Transformer, TransformerLM
 from lib.tokenizer import SpecialIds
@@ -20,6 +20,11 @@ def sources(B=6, S=9, seed=0) -> torch.Tensor:
     for b, length in enumerate(torch.randint(2, S + 1, (B,), generator=g).tolist()):
         src[b, length:] = IDS.pad
     return src
+
+
+def greedy_decode(model, src, ids, limit, use_cache=True) -> list[list[int]]:
+    """greedy_search's outputs alone."""
+    return [h.tokens for h in greedy_search(model, src, ids, limit, use_cache=use_cache)]
 
 
 def unpadded(src: torch.Tensor) -> list[list[int]]:
