@@ -76,26 +76,31 @@ def write_index(reports_dir: Path):
                        + table + "\n")
 
 
-def read_curve(live_dir: Path, name: str) -> pd.DataFrame | None:
-    """One dvclive metric as (step, value) rows; None when it was not logged."""
-    path = live_dir / "plots" / "metrics" / f"{name}.tsv"
-    if not path.is_file():
-        return None
-    frame = pd.read_csv(path, sep="\t")
-    return frame.rename(columns={frame.columns[-1]: "value"})
+# The dvclive metrics the report draws: every run logs the train/ ones; the others are per-task.
+CURVES = ("train/loss", "train/grad_norm", "train/lr", "eval/train_loss", "valid/loss")
 
 
-def plot_losses(live_dir: Path, out: Path, floor: float = 0.0):
+def read_curves(live_dir: Path) -> dict[str, pd.DataFrame | None]:
+    """Each of ``CURVES`` as (step, value) rows; None for one that was not logged."""
+    curves = {}
+    for name in CURVES:
+        path = live_dir / "plots" / "metrics" / f"{name}.tsv"
+        frame = pd.read_csv(path, sep="\t") if path.is_file() else None
+        curves[name] = None if frame is None else frame.rename(columns={frame.columns[-1]: "value"})
+    return curves
+
+
+def plot_losses(curves: dict[str, pd.DataFrame | None], out: Path, floor: float = 0.0):
     """Training and validation loss (left), the gradient norm (middle) and the learning-rate schedule
-    (right): where a loss will not fall, the other two usually say why. ``floor``: the least loss label
-    smoothing lets the training loss reach (0: none), drawn dashed."""
+    (right), from ``read_curves``: where a loss will not fall, the other two usually say why. ``floor``:
+    the least loss label smoothing lets the training loss reach (0: none), drawn dashed."""
     fig, (ax, ax_grad, ax_lr) = plt.subplots(1, 3, figsize=(15, 4), gridspec_kw={"width_ratios": [3, 2, 2]})
-    train = read_curve(live_dir, "train/loss")
+    train = curves["train/loss"]
     # Per-step values are noisy: show a running mean over ~1% of the run.
     window = max(1, len(train) // 100)
     ax.plot(train["step"], train["value"].rolling(window, min_periods=1).mean(), label="train (per step)")
     for name, label in (("eval/train_loss", "train (fixed batches)"), ("valid/loss", "validation")):
-        curve = read_curve(live_dir, name)
+        curve = curves[name]
         if curve is not None:
             ax.plot(curve["step"], curve["value"], "o-", markersize=3, label=label)
     if floor > 0:
@@ -104,7 +109,7 @@ def plot_losses(live_dir: Path, out: Path, floor: float = 0.0):
     ax.set(xlabel="step", ylabel="loss (nats per token)", yscale="log", title="Training and validation loss")
     ax.grid(alpha=0.3)
     ax.legend()
-    grad = read_curve(live_dir, "train/grad_norm")
+    grad = curves["train/grad_norm"]
     ax_grad.plot(grad["step"], grad["value"], color="tab:gray", alpha=0.3, linewidth=0.5, label="per step")
     ax_grad.plot(grad["step"], grad["value"].rolling(window, min_periods=1).mean(), color="tab:green",
                  label="running mean")
@@ -112,7 +117,7 @@ def plot_losses(live_dir: Path, out: Path, floor: float = 0.0):
                 title="Gradient norm, before clipping to train.clip_norm")
     ax_grad.grid(alpha=0.3)
     ax_grad.legend()
-    lr = read_curve(live_dir, "train/lr")
+    lr = curves["train/lr"]
     ax_lr.plot(lr["step"], lr["value"], color="tab:purple")
     ax_lr.set(xlabel="step", ylabel="learning rate", title="Learning-rate schedule")
     ax_lr.ticklabel_format(axis="y", style="sci", scilimits=(0, 0))
@@ -138,6 +143,31 @@ def curves_caption(first_loss: float, vocab_size: int, smoothing: float, floor: 
                  f"{floor:.2f} nats a token here (dashed). The validation loss is plain cross-entropy in eval "
                  "mode, which can approach 0: that the training loss stays above it is no sign of trouble.")
     return text
+
+
+def validation_caption(valid: pd.DataFrame | None, kind: str) -> str:
+    """Where the validation loss went, from its (step, value) rows: still falling at the last evaluation
+    (train longer), risen well above its lowest (over-fitting), or levelled off. Empty without two
+    evaluations."""
+    if valid is None or len(valid) < 2:
+        return ""
+    steps, values = valid["step"].tolist(), valid["value"].tolist()
+    best = min(range(len(values)), key=values.__getitem__)
+    last, previous = values[-1], values[-2]
+    longer = "train.max_iters" if kind == "lm" else "train.epochs"
+    text = f"The validation loss, over {len(values)} evaluations, was lowest at step {steps[best]} ({values[best]:.4f})"
+    if best == len(values) - 1:
+        if previous - last > 0.01 * previous:
+            return (text + f", the last, and still falling ({previous:.4f} at step {steps[-2]}): a longer run "
+                    f"({longer}) would likely lower it further.")
+        return text + ", the last, where it had levelled off."
+    rise = last / values[best] - 1
+    text += f"; the last, at step {steps[-1]}, is {last:.4f}, {rise:+.1%}."
+    if rise > 0.05:
+        return (text + " Rising after its lowest point is over-fitting: the model learns its training data "
+                "better than it generalises. model.pt holds the best weights, not the last; more dropout or a "
+                "shorter run are the usual remedies.")
+    return text + " A plateau: a longer run would gain little."
 
 
 def plot_attention_grid(weights: list[torch.Tensor], rows: list[str], cols: list[str], title: str, out: Path,
@@ -365,15 +395,17 @@ def run(task, cfg, data_dir, tokenizer_dir, model_path, metrics_path, samples_pa
 
     smoothing = state.get("label_smoothing", 0.0)  # seq2seq models; an LM trains without
     floor = smoothed_loss_floor(state["tgt_vocab_size"], smoothing)
-    plot_losses(live_dir, figures_dir / "loss.png", floor)
-    curves = [f"![loss curves, gradient norm and learning rate]({rel}/loss.png)", "",
-              curves_caption(read_curve(live_dir, "train/loss")["value"].iloc[0], state["tgt_vocab_size"],
-                             smoothing, floor), ""]
+    curves = read_curves(live_dir)
+    plot_losses(curves, figures_dir / "loss.png", floor)
+    first_loss = curves["train/loss"]["value"].iloc[0]
+    validation = validation_caption(curves["valid/loss"], module.KIND)
     lines = [
         f"# {task}: report", "",
         f"Best model: step {state['step']}, validation loss {state['valid_loss']:.4f}.", "",
         "## Metrics", "", metrics_table(metrics), "",
-        "## Training curves", "", *curves,
+        "## Training curves", "", f"![loss curves, gradient norm and learning rate]({rel}/loss.png)", "",
+        curves_caption(first_loss, state["tgt_vocab_size"], smoothing, floor), "",
+        *([validation, ""] if validation else []),
     ]
     if module.KIND == "lm":
         lines += lm_sections(cfg, data_dir, tokenizers, model, samples, figures_dir, rel)

@@ -139,6 +139,23 @@ def test_the_curves_caption_says_where_the_loss_should_start_and_where_it_can_en
     assert "entropy of the smoothed targets, 0.86 nats" in reporting.curves_caption(5.4, 221, 0.1, 0.864)
 
 
+def test_the_validation_caption_tells_falling_from_overfitting_from_a_plateau():
+    def caption(values, kind="seq2seq"):
+        return reporting.validation_caption(pd.DataFrame({"step": range(100, 100 * len(values) + 1, 100),
+                                                          "value": values}), kind)
+
+    falling = caption([3.0, 2.0, 1.5], "lm")
+    assert "lowest at step 300 (1.5000), the last, and still falling" in falling and "train.max_iters" in falling
+    assert "train.epochs" in caption([3.0, 2.0, 1.5])
+    assert "levelled off" in caption([3.0, 2.0, 1.999])
+    overfit = caption([3.0, 2.0, 2.2, 2.5])
+    assert "lowest at step 200 (2.0000); the last, at step 400, is 2.5000, +25.0%" in overfit
+    assert "over-fitting" in overfit
+    plateau = caption([3.0, 2.0, 2.05])
+    assert "+2.5%" in plateau and "plateau" in plateau and "over-fitting" not in plateau
+    assert caption([3.0]) == "" and reporting.validation_caption(None, "lm") == ""
+
+
 def test_report_links_only_existing_pngs(built):
     text = built["report"].read_text()
     assert "## Metrics" in text and "## Worst test examples" in text
@@ -147,6 +164,7 @@ def test_report_links_only_existing_pngs(built):
     assert f"entropy of the smoothed targets, {floor:.2f} nats a token here (dashed)" in text
     first = pd.read_csv(built["live"] / "plots" / "metrics" / "train" / "loss.tsv", sep="\t")["loss"].iloc[0]
     assert f"before any update, was {first:.2f} nats a token" in text
+    assert "The validation loss, over 2 evaluations, was lowest at step" in text  # TINY_PARAMS: 2 epochs
     links = [line.split("](")[1].rstrip(")") for line in text.splitlines() if line.startswith("![")]
     # curves, 3 heatmaps per attention example, accuracy by length, 3 heatmaps where it breaks
     assert len(links) == 1 + 3 * 2 + 1 + 3
@@ -505,3 +523,19 @@ def test_freed_activations_stay_in_the_heap():
         step()
     # glibc's defaults trim the freed 16 MiB every time: ~40,000 faults over these 10 steps.
     assert resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before < 5000
+
+
+def test_auto_precision_is_bf16_only_where_the_hardware_multiplies_bfloat16(tmp_path, caplog):
+    cpu = torch.device("cpu")
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16\n\nprocessor\t: 1\n")
+    assert training.cpu_flags(cpuinfo) >= {"avx2", "avx512_bf16"}
+    assert training.cpu_flags(tmp_path / "missing") == set()  # not Linux: no flags, so fp32
+    with caplog.at_level("INFO", logger="lib.training"):
+        assert training.resolve_precision("auto", cpu, training.cpu_flags(cpuinfo)) == "bf16"
+    assert "train.precision auto: bf16 (cpu has avx512_bf16)" in caplog.text
+    assert training.resolve_precision("auto", cpu, {"avx2", "amx_bf16", "amx_tile"}) == "bf16"
+    assert training.resolve_precision("auto", cpu, {"avx2", "avx512f", "fma"}) == "fp32"
+    assert training.resolve_precision("auto", cpu, set()) == "fp32"
+    for given in ("fp32", "bf16"):  # asked for by name: taken as it is
+        assert training.resolve_precision(given, cpu, set()) == given
