@@ -104,8 +104,9 @@ def check_peak(peak_tflops: float | str):
             f"{peak_tflops!r} is neither a number >= 0 nor 'measure'")
 
 
-# bf16 pays off where the CPU multiplies bfloat16 natively (AMX, AVX512-BF16) and on GPUs.
-PRECISIONS = ("fp32", "bf16")
+# bf16 pays off where the CPU multiplies bfloat16 natively (AMX, AVX512-BF16) and on GPUs; auto picks it
+# there, and fp32 elsewhere (training.resolve_precision).
+PRECISIONS = ("fp32", "bf16", "auto")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,7 +186,8 @@ class TrainConfig:
     clip_norm: float  # gradient-norm clipping threshold
     checkpoint_every: int  # steps between resumable checkpoints
     model: ModelConfig
-    precision: str = "fp32"  # fp32, or bf16 (autocast: matmuls in bfloat16, weights and loss in float32)
+    precision: str = "fp32"  # fp32; bf16 (autocast: matmuls in bfloat16, weights and loss in float32); or auto:
+    # bf16 on a GPU or a CPU that multiplies bfloat16 natively (AVX512-BF16, AMX), fp32 elsewhere
     time_budget_minutes: float = 0.0  # stop after the epoch that passes this much training time; 0 = none
     patience: int = 0  # stop after this many epochs without a better validation loss; 0 = never
     average_last: int = 1  # model.pt: the average of the last k epochs' weights, when it validates better
@@ -230,7 +232,8 @@ class LMTrainConfig:
     eval_batches: int  # fixed batches each estimate averages over
     checkpoint_every: int  # steps between resumable checkpoints
     model: ModelConfig
-    precision: str = "fp32"  # fp32, or bf16 (autocast: matmuls in bfloat16, weights and loss in float32)
+    precision: str = "fp32"  # fp32; bf16 (autocast: matmuls in bfloat16, weights and loss in float32); or auto:
+    # bf16 on a GPU or a CPU that multiplies bfloat16 natively (AVX512-BF16, AMX), fp32 elsewhere
     peak_tflops: float | str = 0.0  # the hardware's peak TFLOP/s, for model FLOPs utilisation (train/mfu):
     # a datasheet figure, "measure" (square matmuls in train.precision, timed when training starts), or 0: none
     compile: bool = False  # torch.compile the training forward pass: fused element-wise kernels on a GPU

@@ -67,6 +67,36 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+# CPU flags (Linux's /proc/cpuinfo) of native bfloat16 matmuls. There bf16 autocast pays off (RESULTS.md:
+# 2.6x fp32's tokens a second with AVX512-BF16, 1.5x with AMX); elsewhere a CPU emulates it, more slowly.
+NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
+    """The CPU's feature flags; empty where the system does not list them (not Linux)."""
+    try:
+        lines = cpuinfo.read_text().splitlines()
+    except OSError:
+        return set()
+    return next((set(line.split(":", 1)[1].split()) for line in lines if line.startswith("flags")), set())
+
+
+def resolve_precision(name: str, device: torch.device, flags: set[str] | None = None) -> str:
+    """train.precision as fp32 or bf16: auto is bf16 on a GPU that has it and on a CPU that multiplies
+    bfloat16 natively (``flags``, default this CPU's), fp32 elsewhere. Fixed for a machine, so that the
+    same params and seed still give the same model there."""
+    if name != "auto":
+        return name
+    if device.type == "cuda":
+        native = ["bf16"] if torch.cuda.is_bf16_supported() else []
+    else:
+        native = sorted((cpu_flags() if flags is None else flags) & NATIVE_BF16_FLAGS)
+    chosen = "bf16" if native else "fp32"
+    why = f"{device.type} has {', '.join(native)}" if native else f"no native bfloat16 on {device.type}"
+    log.info("train.precision auto: %s (%s)", chosen, why)
+    return chosen
+
+
 def keep_freed_memory():
     """Make glibc's malloc keep freed memory for reuse instead of handing it back to the OS.
 
@@ -139,12 +169,12 @@ class DivergedError(ValueError):
     """The loss became NaN or infinite; the message names the step and the likely cause."""
 
 
-def peak_tflops(cfg: TrainConfig | LMTrainConfig, device: torch.device) -> float:
-    """train.peak_tflops as a number: as given, or measured now when it is "measure"."""
-    if cfg.peak_tflops != "measure":
-        return cfg.peak_tflops
-    peak = matmul_peak(PRECISION_DTYPES[cfg.precision], device, repeats=3) / 1e12
-    log.info("train.peak_tflops: measured %.3f TFLOP/s (square %s matmuls on %s)", peak, cfg.precision, device)
+def peak_tflops(given: float | str, precision: str, device: torch.device) -> float:
+    """train.peak_tflops as a number: as given, or measured now, in ``precision``, when it is "measure"."""
+    if given != "measure":
+        return given
+    peak = matmul_peak(PRECISION_DTYPES[precision], device, repeats=3) / 1e12
+    log.info("train.peak_tflops: measured %.3f TFLOP/s (square %s matmuls on %s)", peak, precision, device)
     return peak
 
 
@@ -200,8 +230,8 @@ class Session:
                   if (k != length_key or schedule_uses_length) and k not in stop_keys and k not in RUN_KEYS}
         self.identity = {"config": config,
                          "inputs": fingerprint([Path(data_dir), Path(tokenizer_dir), *training_code(task)])}
-        self.precision = cfg.precision
-        self.peak_tflops = peak_tflops(cfg, self.device)
+        self.precision = resolve_precision(cfg.precision, self.device)
+        self.peak_tflops = peak_tflops(cfg.peak_tflops, self.precision, self.device)
         self.live_dir = live_dir
         self.resumed = self._resume(getattr(cfg, length_key))
         self.live = None
