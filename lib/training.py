@@ -73,7 +73,8 @@ NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 
 
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
-    """The CPU's feature flags; empty where the system does not list them (not Linux)."""
+    """The CPU's feature flags, from the "flags" line that x86 Linux writes; empty elsewhere (so auto
+    precision takes fp32 there)."""
     try:
         lines = cpuinfo.read_text().splitlines()
     except OSError:

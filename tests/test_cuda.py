@@ -123,3 +123,10 @@ def test_a_batch_goes_to_the_gpu_without_waiting_for_it():
         torch.cuda.set_sync_debug_mode("default")
     for name in ("src", "tgt_in", "tgt_out"):
         assert getattr(moved, name).is_cuda and torch.equal(getattr(moved, name).cpu(), getattr(batch, name))
+
+
+def test_auto_precision_picks_bf16_on_a_gpu_that_has_it():
+    from lib.training import resolve_precision
+
+    expected = "bf16" if torch.cuda.is_bf16_supported() else "fp32"  # Ampere and later have it
+    assert resolve_precision("auto", torch.device("cuda"), flags=set()) == expected
