@@ -85,13 +85,18 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
 def resolve_precision(name: str, device: torch.device, flags: set[str] | None = None) -> str:
     """train.precision as fp32 or bf16: auto is bf16 on a GPU that has it and on a CPU that multiplies
     bfloat16 natively (``flags``, default this CPU's), fp32 elsewhere. Fixed for a machine, so that the
-    same params and seed still give the same model there."""
-    if name != "auto":
-        return name
+    same params and seed still give the same model there. bf16 asked for by name on a CPU whose flags lack
+    it is kept, with a warning: it is the slower there."""
     if device.type == "cuda":
         native = ["bf16"] if torch.cuda.is_bf16_supported() else []
     else:
-        native = sorted((cpu_flags() if flags is None else flags) & NATIVE_BF16_FLAGS)
+        flags = cpu_flags() if flags is None else flags
+        native = sorted(flags & NATIVE_BF16_FLAGS)
+        if name == "bf16" and flags and not native:  # no flags (not x86 Linux): nothing known, nothing said
+            log.warning("train.precision: bf16 on a CPU without native bfloat16 (no %s): slower than fp32 here; "
+                        "auto would take fp32", " or ".join(sorted(NATIVE_BF16_FLAGS)))
+    if name != "auto":
+        return name
     chosen = "bf16" if native else "fp32"
     why = f"{device.type} has {', '.join(native)}" if native else f"no native bfloat16 on {device.type}"
     log.info("train.precision auto: %s (%s)", chosen, why)

@@ -539,3 +539,11 @@ def test_auto_precision_is_bf16_only_where_the_hardware_multiplies_bfloat16(tmp_
     assert training.resolve_precision("auto", cpu, set()) == "fp32"
     for given in ("fp32", "bf16"):  # asked for by name: taken as it is
         assert training.resolve_precision(given, cpu, set()) == given
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="lib.training"):
+        assert training.resolve_precision("bf16", cpu, {"avx2", "fma"}) == "bf16"  # kept, but said to be slow
+        assert "bf16 on a CPU without native bfloat16 (no amx_bf16 or avx512_bf16)" in caplog.text
+        caplog.clear()
+        training.resolve_precision("bf16", cpu, {"avx2", "avx512_bf16"})
+        training.resolve_precision("bf16", cpu, set())  # flags unknown: nothing to say
+    assert caplog.text == ""
