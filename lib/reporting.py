@@ -145,6 +145,15 @@ def curves_caption(first_loss: float, vocab_size: int, smoothing: float, floor: 
     return text
 
 
+def model_line(state: dict) -> str:
+    """What model.pt holds: the best weights, or the average of the last epochs' (``averaged_epochs``,
+    kept because it validated better than any single epoch)."""
+    if state.get("averaged_epochs", 1) > 1:
+        return (f"Model: the average of the last {state['averaged_epochs']} epochs' weights, up to step "
+                f"{state['step']}, validation loss {state['valid_loss']:.4f} (better than any single epoch's).")
+    return f"Best model: step {state['step']}, validation loss {state['valid_loss']:.4f}."
+
+
 def validation_caption(valid: pd.DataFrame | None, kind: str) -> str:
     """Where the validation loss went, from its (step, value) rows: still falling at the last evaluation
     (train longer), risen well above its lowest (over-fitting), or levelled off. Empty without two
@@ -165,8 +174,8 @@ def validation_caption(valid: pd.DataFrame | None, kind: str) -> str:
     text += f"; the last, at step {steps[-1]}, is {last:.4f}, {rise:+.1%}."
     if rise > 0.05:
         return (text + " Rising after its lowest point is over-fitting: the model learns its training data "
-                "better than it generalises. model.pt holds the best weights, not the last; more dropout or a "
-                "shorter run are the usual remedies.")
+                "better than it generalises. model.pt holds the best weights (or the last epochs' average), not the "
+                "last; more dropout or a shorter run are the usual remedies.")
     return text + " A plateau: a longer run would gain little."
 
 
@@ -401,7 +410,7 @@ def run(task, cfg, data_dir, tokenizer_dir, model_path, metrics_path, samples_pa
     validation = validation_caption(curves["valid/loss"], module.KIND)
     lines = [
         f"# {task}: report", "",
-        f"Best model: step {state['step']}, validation loss {state['valid_loss']:.4f}.", "",
+        model_line(state), "",
         "## Metrics", "", metrics_table(metrics), "",
         "## Training curves", "", f"![loss curves, gradient norm and learning rate]({rel}/loss.png)", "",
         curves_caption(first_loss, state["tgt_vocab_size"], smoothing, floor), "",

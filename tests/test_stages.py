@@ -156,6 +156,13 @@ def test_the_validation_caption_tells_falling_from_overfitting_from_a_plateau():
     assert caption([3.0]) == "" and reporting.validation_caption(None, "lm") == ""
 
 
+def test_the_report_says_whether_model_pt_is_one_epoch_or_an_average():
+    assert reporting.model_line({"step": 300, "valid_loss": 1.5}) == "Best model: step 300, validation loss 1.5000."
+    averaged = reporting.model_line({"step": 7130, "valid_loss": 1.57377, "averaged_epochs": 5})
+    assert averaged.startswith("Model: the average of the last 5 epochs' weights, up to step 7130, validation "
+                               "loss 1.5738")
+
+
 def test_report_links_only_existing_pngs(built):
     text = built["report"].read_text()
     assert "## Metrics" in text and "## Worst test examples" in text
