@@ -82,11 +82,12 @@ CURVES = ("train/loss", "train/grad_norm", "train/lr", "eval/train_loss", "valid
 
 def read_curves(live_dir: Path) -> dict[str, pd.DataFrame | None]:
     """Each of ``CURVES`` as (step, value) rows; None for one that was not logged."""
-    curves = {}
+    curves = dict.fromkeys(CURVES)
     for name in CURVES:
         path = live_dir / "plots" / "metrics" / f"{name}.tsv"
-        frame = pd.read_csv(path, sep="\t") if path.is_file() else None
-        curves[name] = None if frame is None else frame.rename(columns={frame.columns[-1]: "value"})
+        if path.is_file():
+            frame = pd.read_csv(path, sep="\t")
+            curves[name] = frame.rename(columns={frame.columns[-1]: "value"})  # the metric's own name
     return curves
 
 
