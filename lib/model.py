@@ -13,7 +13,7 @@ from torch import nn
 from lib.attention import MultiHeadAttention
 from lib.config import ModelConfig
 from lib.dropout import Dropout
-from lib.masks import causal_mask
+from lib.masks import causal_mask, padding_mask, target_mask
 
 
 class SinusoidalPositionalEncoding(nn.Module):
@@ -278,3 +278,29 @@ def build_model(cfg: ModelConfig, kind: str, src_vocab_size: int, tgt_vocab_size
     if kind == "lm":
         return TransformerLM(cfg, tgt_vocab_size)
     raise ValueError(f"unknown model kind {kind!r}")
+
+
+@torch.no_grad()
+def repeats_input(model: nn.Module, first_id: int, batch: int = 64, length: int = 16) -> float:
+    """The share of positions whose top prediction is the token the model was just given, on random tokens
+    from ``first_id`` up (past the special ones); chance is 1 / (V - first_id).
+
+    Measured on an untrained model: a decoder whose input vectors are also its output layer's rows
+    (tie_embeddings), when they outweigh the rest of its residual stream, starts out repeating its input,
+    and training first has to undo that (benchmarks/tie_start.py). A separate generator leaves the model's
+    random-number state as it was, and so the training that follows.
+    """
+    V, length = model.generator.out_features, min(length, model.cfg.max_len)
+    generator = torch.Generator().manual_seed(0)
+    device = model.generator.weight.device
+    given = torch.randint(first_id, V, (batch, length), generator=generator).to(device)
+    training = model.training
+    model.eval()
+    if isinstance(model, Transformer):
+        src = torch.randint(first_id, model.src_embed.tokens.num_embeddings, (batch, length),
+                            generator=generator).to(device)
+        logits = model(src, given, padding_mask(src, 0), target_mask(given, 0))  # no specials: no padding
+    else:
+        logits = model(given)
+    model.train(training)
+    return (logits.argmax(-1) == given).float().mean().item()

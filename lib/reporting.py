@@ -128,16 +128,23 @@ def plot_losses(curves: dict[str, pd.DataFrame | None], out: Path, floor: float 
     plt.close(fig)
 
 
-def curves_caption(first_loss: float, vocab_size: int, smoothing: float, floor: float) -> str:
+def curves_caption(first_loss: float, vocab_size: int, smoothing: float, floor: float,
+                   repeats: float | None = None, tied: bool = False) -> str:
     """What to expect of the training loss at both ends: at the first step, before any update, a model
     that has learnt nothing predicts every token alike and scores ln V (label smoothing or not); at the
-    end, a label-smoothed loss levels off above ``floor``."""
+    end, a label-smoothed loss levels off above ``floor``. ``repeats``: the share of positions at which
+    the untrained model predicted the token it was given (``lib.model.repeats_input``), the usual cause
+    of a first loss far above ln V when most; ``tied``: the model ties its embeddings."""
     uniform = math.log(vocab_size)
     text = (f"The first step's training loss, before any update, was {first_loss:.2f} nats a token; a model "
             f"that has learnt nothing yet and predicts every token alike scores ln {vocab_size} = {uniform:.2f}.")
     if first_loss > uniform + 1:
         text += (" Far above it: the initial weights predict confidently, and wrongly; the first steps go into "
                  "undoing that.")
+        if repeats is not None and repeats > 0.5:
+            text += f" The untrained model predicted the token it was given at {repeats:.0%} of positions"
+            text += (": its input vectors are also its output layer's rows (train.model.tie_embeddings), large "
+                     "enough to outweigh the rest of what it reads (benchmarks/tie_start.py)." if tied else ".")
     if floor > 0:
         text += (f" The per-step training loss is the label-smoothed loss (train.label_smoothing {smoothing}), "
                  "under dropout: it levels off above the entropy of the smoothed targets, "
@@ -414,7 +421,8 @@ def run(task, cfg, data_dir, tokenizer_dir, model_path, metrics_path, samples_pa
         model_line(state), "",
         "## Metrics", "", metrics_table(metrics), "",
         "## Training curves", "", f"![loss curves, gradient norm and learning rate]({rel}/loss.png)", "",
-        curves_caption(first_loss, state["tgt_vocab_size"], smoothing, floor), "",
+        curves_caption(first_loss, state["tgt_vocab_size"], smoothing, floor, state.get("initial_repeats_input"),
+                       state["model_config"]["tie_embeddings"]), "",
         *([validation, ""] if validation else []),
     ]
     if module.KIND == "lm":

@@ -33,10 +33,10 @@ from lib.config import ConfigError, LMTrainConfig, TrainConfig, flatten
 from lib.data import Pairs, collate, read_split, read_text, to_device, token_budget_batches
 from lib.masks import padding_mask, target_mask
 from lib.metrics import PRECISION_DTYPES, matmul_peak, perplexity, speed, training_flops
-from lib.model import build_model
+from lib.model import build_model, repeats_input
 from lib.optim import cosine_lr, generator_nll, noam_lr, weight_decay_groups
 from lib.tasks import get_task
-from lib.tokenizer import SpecialIds, encode_pairs, encode_text, load_tokenizers, special_ids
+from lib.tokenizer import SPECIAL_TOKENS, SpecialIds, encode_pairs, encode_text, load_tokenizers, special_ids
 
 log = logging.getLogger(__name__)
 
@@ -217,12 +217,15 @@ class Session:
         self.vocab = {"src_vocab_size": self.tokenizers.source.get_vocab_size(),
                       "tgt_vocab_size": self.tokenizers.target.get_vocab_size(),
                       "joint_vocab": self.tokenizers.joint}
-        # What the model file records of how it was trained, beside its step and validation loss: the
-        # report draws the least loss label smoothing lets the training loss reach.
-        self.trained_with = {"label_smoothing": cfg.label_smoothing} if hasattr(cfg, "label_smoothing") else {}
         torch.manual_seed(cfg.seed)
         self.model = build_model(cfg.model, self.kind, **self.vocab)
         self.model.to(self.device)
+        # What the model file records of how it was trained, beside its step and validation loss, for the
+        # report: the label smoothing (the least loss it lets the training loss reach), and how often the
+        # untrained model predicted the token it was given (a cause of a first loss far above ln V).
+        self.trained_with = {"initial_repeats_input": round(repeats_input(self.model, len(SPECIAL_TOKENS)), 4)}
+        if hasattr(cfg, "label_smoothing"):
+            self.trained_with["label_smoothing"] = cfg.label_smoothing
         self.train_model = distributed.wrap(self.model, self.ctx, self.device)  # forward and backward go here
         if cfg.compile:
             log.info("train.compile: the first step compiles the model (a minute or two on a GPU)")

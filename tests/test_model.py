@@ -9,7 +9,7 @@ from torch import nn
 
 from lib.masks import causal_mask, padding_mask, target_mask
 from lib.model import (DecoderLayer, EncoderLayer, SinusoidalPositionalEncoding, Transformer, TransformerLM,
-                       build_model)
+                       build_model, repeats_input)
 from lib.optim import label_smoothed_nll
 from tests.conftest import model_config
 from tests.test_attention import PAD, copy_mha, tokens_with_padding
@@ -150,6 +150,26 @@ def test_an_untrained_lm_predicts_every_token_about_alike(norm_first):
     loss = F.cross_entropy(logits[:, :-1].reshape(-1, V), ids[:, 1:].reshape(-1)).item()
     assert abs(loss - math.log(V)) < 0.3
     assert (logits.argmax(-1) == ids).float().mean() < 0.9
+
+
+def test_a_tied_decoder_with_a_small_vocabulary_starts_out_repeating_its_input():
+    """cumsum modulo 10's model (14 tokens, width 64): tied, its Xavier-sized input vectors, which are also the
+    output layer's rows, outweigh the rest of the residual stream; untied, or with the LM's small vectors,
+    the untrained model repeats its input about as often as chance (1 in 10). Measuring leaves the model's
+    mode and the random-number state as they were, so training from it is unchanged."""
+    cfg = dict(d_model=64, d_ff=128, max_len=64, dropout=0.1)
+    shares = {}
+    for tied in (True, False):
+        shares[tied] = []
+        for seed in range(4):
+            torch.manual_seed(seed)
+            model = build_model(model_config(**cfg, tie_embeddings=tied), "seq2seq", 14, 14, joint_vocab=True)
+            state = torch.get_rng_state()
+            shares[tied].append(repeats_input(model, first_id=4))
+            assert torch.equal(torch.get_rng_state(), state) and model.training
+    assert min(shares[True]) > 0.6 and max(shares[False]) < 0.3
+    lm = build_model(model_config(**cfg, tie_embeddings=True, encoder_layers=0), "lm", 14, 14, joint_vocab=True)
+    assert repeats_input(lm, first_id=4) < 0.3
 
 
 def test_overfits_one_batch():

@@ -85,6 +85,7 @@ def test_cumsum_refuses_a_min_frequency_its_closed_vocabulary_cannot_use(tmp_pat
 def test_train_writes_model_checkpoints_and_curves(built):
     state = checkpoint.load(built["model"])
     assert state["kind"] == "seq2seq" and state["valid_loss"] == built["summary"]["best_valid_loss"]
+    assert 0 <= state["initial_repeats_input"] <= 1 and state["label_smoothing"] == 0.1  # for the report
     last = checkpoint.load(built["checkpoints"] / "last.pt")
     assert {"model", "optimizer", "rng", "step", "epoch", "config", "inputs", "best_valid_loss"} <= set(last)
     assert last["epoch"] == 2
@@ -137,6 +138,12 @@ def test_the_curves_caption_says_where_the_loss_should_start_and_where_it_can_en
     assert f"ln 69 = {math.log(69):.2f}" in calm and "Far above" not in calm and "label-smoothed" not in calm
     assert "Far above it" in reporting.curves_caption(11.0, 69, 0.0, 0.0)
     assert "entropy of the smoothed targets, 0.86 nats" in reporting.curves_caption(5.4, 221, 0.1, 0.864)
+    # A far-too-high start names the untrained model repeating its input, and the tie, where that is why.
+    tied = reporting.curves_caption(4.3, 14, 0.1, 0.57, repeats=0.95, tied=True)
+    assert "given at 95% of positions: its input vectors are also its output layer's rows" in tied
+    untied = reporting.curves_caption(4.3, 14, 0.1, 0.57, repeats=0.95, tied=False)
+    assert "given at 95% of positions." in untied and "tie_embeddings" not in untied
+    assert "given at" not in reporting.curves_caption(4.3, 14, 0.1, 0.57, repeats=0.2, tied=True)
 
 
 def test_the_validation_caption_tells_falling_from_overfitting_from_a_plateau():
