@@ -281,25 +281,28 @@ def build_model(cfg: ModelConfig, kind: str, src_vocab_size: int, tgt_vocab_size
 
 
 @torch.no_grad()
-def repeats_input(model: nn.Module, first_id: int, batch: int = 64, length: int = 16) -> float:
+def repeats_input(model: nn.Module, pad_id: int, special: set[int], batch: int = 64, length: int = 16) -> float:
     """The share of positions whose top prediction is the token the model was just given, on random tokens
-    from ``first_id`` up (past the special ones); chance is 1 / (V - first_id).
+    other than the ``special`` ids (the tokenizer's pad, bos, eos and unk); chance is one in their number.
 
     Measured on an untrained model: a decoder whose input vectors are also its output layer's rows
     (tie_embeddings), when they outweigh the rest of its residual stream, starts out repeating its input,
-    and training first has to undo that (benchmarks/tie_start.py). A separate generator leaves the model's
-    random-number state as it was, and so the training that follows.
+    and training first has to undo that (benchmarks/tie_start.py). A generator of its own leaves the
+    model's random-number state, and so the training that follows, as they were.
     """
-    V, length = model.generator.out_features, min(length, model.cfg.max_len)
-    generator = torch.Generator().manual_seed(0)
-    device = model.generator.weight.device
-    given = torch.randint(first_id, V, (batch, length), generator=generator).to(device)
+    generator, device = torch.Generator().manual_seed(0), model.generator.weight.device
+    length = min(length, model.cfg.max_len)
+
+    def tokens(vocab_size: int) -> torch.Tensor:  # (batch, length) ids, none of them special
+        plain = torch.tensor([i for i in range(vocab_size) if i not in special])
+        return plain[torch.randint(len(plain), (batch, length), generator=generator)].to(device)
+
+    given = tokens(model.generator.out_features)
     training = model.training
     model.eval()
     if isinstance(model, Transformer):
-        src = torch.randint(first_id, model.src_embed.tokens.num_embeddings, (batch, length),
-                            generator=generator).to(device)
-        logits = model(src, given, padding_mask(src, 0), target_mask(given, 0))  # no specials: no padding
+        src = tokens(model.src_embed.tokens.num_embeddings)
+        logits = model(src, given, padding_mask(src, pad_id), target_mask(given, pad_id))
     else:
         logits = model(given)
     model.train(training)

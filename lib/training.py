@@ -36,7 +36,7 @@ from lib.metrics import PRECISION_DTYPES, matmul_peak, perplexity, speed, traini
 from lib.model import build_model, repeats_input
 from lib.optim import cosine_lr, generator_nll, noam_lr, weight_decay_groups
 from lib.tasks import get_task
-from lib.tokenizer import SPECIAL_TOKENS, SpecialIds, encode_pairs, encode_text, load_tokenizers, special_ids
+from lib.tokenizer import SpecialIds, encode_pairs, encode_text, load_tokenizers, special_ids
 
 log = logging.getLogger(__name__)
 
@@ -223,7 +223,8 @@ class Session:
         # What the model file records of how it was trained, beside its step and validation loss, for the
         # report: the label smoothing (the least loss it lets the training loss reach), and how often the
         # untrained model predicted the token it was given (a cause of a first loss far above ln V).
-        self.trained_with = {"initial_repeats_input": round(repeats_input(self.model, len(SPECIAL_TOKENS)), 4)}
+        repeats = repeats_input(self.model, self.ids.pad, set(asdict(self.ids).values()))
+        self.trained_with = {"initial_repeats_input": round(repeats, 4)}
         if hasattr(cfg, "label_smoothing"):
             self.trained_with["label_smoothing"] = cfg.label_smoothing
         self.train_model = distributed.wrap(self.model, self.ctx, self.device)  # forward and backward go here
