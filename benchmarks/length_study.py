@@ -201,7 +201,7 @@ def write_page(results: dict, setting: str, prepare, out: Path):
     ax.axvspan(lo - 0.5, hi + 0.5, color="tab:green", alpha=0.1, label="trained lengths")
     ax.set(xlabel="sequence length", ylabel="exact-sequence match", ylim=(-0.02, 1.02), xticks=lengths,
            title=textwrap.fill(f"cumsum length generalisation by position encoding ({setting})",
-                               int(width * 11)))  # a long setting wraps rather than running off the image
+                               int(width * 9)))  # a long setting wraps rather than running off the image
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -283,7 +283,7 @@ def build_model(cfg: ModelConfig, kind: str, src_vocab_size: int, tgt_vocab_size
 @torch.no_grad()
 def repeats_input(model: nn.Module, pad_id: int, special: set[int], batch: int = 64, length: int = 16) -> float:
     """The share of positions whose top prediction is the token the model was just given, on random tokens
-    other than the ``special`` ids (the tokenizer's pad, bos, eos and unk); chance is one in their number.
+    other than the ``special`` ids (the tokenizer's pad, bos, eos and unk): by chance, 1 / (V - len(special)).
 
     Measured on an untrained model: a decoder whose input vectors are also its output layer's rows
     (tie_embeddings), when they outweigh the rest of its residual stream, starts out repeating its input,
