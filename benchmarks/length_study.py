@@ -10,7 +10,9 @@ temporary directory, prints one JSON object and writes <out>.md and <out>.png
 sequences at each untrained length have every sum right and miss only where
 the output stops. With --modulus 10 the targets are the sums' last digits, so
 that longer sequences ask for no sum that training rarely saw (see
-lib/tasks/cumsum.py): the positions alone are then tested. --no-source-eos
+lib/tasks/cumsum.py): the positions alone are then tested. Add --set
+model.tie_embeddings=false there: tied, the model starts out repeating its input
+and some encodings never learn even the trained lengths (benchmarks/tie_start.py). --no-source-eos
 trains without the <eos> that ends each source (tokenize.source_eos). A variant
 may carry model params of its own (rope,rope_base=1000000), and --set reaches
 the other stages' params too (prepare.vocab_length=40: study lengths 1-40).
