@@ -141,6 +141,7 @@ def test_the_curves_caption_says_where_the_loss_should_start_and_where_it_can_en
     # A far-too-high start names the untrained model repeating its input, and the tie, where that is why.
     tied = reporting.curves_caption(4.3, 14, 0.1, 0.57, repeats=0.95, tied=True)
     assert "given at 95% of positions: its input vectors are also its output layer's rows" in tied
+    assert "tie_embeddings: false starts it elsewhere" in tied
     untied = reporting.curves_caption(4.3, 14, 0.1, 0.57, repeats=0.95, tied=False)
     assert "given at 95% of positions." in untied and "tie_embeddings" not in untied
     assert "given at" not in reporting.curves_caption(4.3, 14, 0.1, 0.57, repeats=0.2, tied=True)
