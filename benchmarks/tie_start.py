@@ -39,6 +39,7 @@ from lib.masks import padding_mask, target_mask
 from lib.model import build_model, repeats_input
 from lib.reporting import read_curves
 from lib.tasks import run_prepare
+from lib.tokenizer import SpecialIds
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = ("untied", "tied", "copy-start")
@@ -75,7 +76,7 @@ def untrained(variant: str, seed: int, vocab_size: int = 14, batch: int = 256, l
     src, tgt_in, tgt_out = (torch.randint(4, vocab_size, (batch, length)) for _ in range(3))
     with torch.no_grad():
         logits = model(src, tgt_in, padding_mask(src, 0), target_mask(tgt_in, 0))
-    return {"repeats_input": round(repeats_input(model, 0, {0, 1, 2, 3}), 3),
+    return {"repeats_input": round(repeats_input(model, SpecialIds(pad=0, bos=1, eos=2, unk=3)), 3),
             "first_loss": round(F.cross_entropy(logits.reshape(-1, vocab_size), tgt_out.reshape(-1)).item(), 3)}
 
 

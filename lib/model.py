@@ -6,6 +6,7 @@ Dims: B batch, S source length, T target length, C model width, V vocabulary.
 """
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -14,6 +15,9 @@ from lib.attention import MultiHeadAttention
 from lib.config import ModelConfig
 from lib.dropout import Dropout
 from lib.masks import causal_mask, padding_mask, target_mask
+
+if TYPE_CHECKING:  # the model itself needs no tokenizer
+    from lib.tokenizer import SpecialIds
 
 
 class SinusoidalPositionalEncoding(nn.Module):
@@ -281,9 +285,9 @@ def build_model(cfg: ModelConfig, kind: str, src_vocab_size: int, tgt_vocab_size
 
 
 @torch.no_grad()
-def repeats_input(model: nn.Module, pad_id: int, special: set[int], batch: int = 64, length: int = 16) -> float:
+def repeats_input(model: nn.Module, ids: "SpecialIds", batch: int = 64, length: int = 16) -> float:
     """The share of positions whose top prediction is the token the model was just given, on random tokens
-    other than the ``special`` ids (the tokenizer's pad, bos, eos and unk): by chance, 1 / (V - len(special)).
+    other than the tokenizer's special ``ids`` (pad, bos, eos, unk): by chance, 1 / (V - 4).
 
     Measured on an untrained model: a decoder whose input vectors are also its output layer's rows
     (tie_embeddings), when they outweigh the rest of its residual stream, starts out repeating its input,
@@ -291,7 +295,7 @@ def repeats_input(model: nn.Module, pad_id: int, special: set[int], batch: int =
     model's random-number state, and so the training that follows, as they were.
     """
     generator, device = torch.Generator().manual_seed(0), model.generator.weight.device
-    length = min(length, model.cfg.max_len)
+    length, special = min(length, model.cfg.max_len), {ids.pad, ids.bos, ids.eos, ids.unk}
 
     def tokens(vocab_size: int) -> torch.Tensor:  # (batch, length) ids, none of them special
         plain = torch.tensor([i for i in range(vocab_size) if i not in special])
@@ -302,7 +306,7 @@ def repeats_input(model: nn.Module, pad_id: int, special: set[int], batch: int =
     model.eval()
     if isinstance(model, Transformer):
         src = tokens(model.src_embed.tokens.num_embeddings)
-        logits = model(src, given, padding_mask(src, pad_id), target_mask(given, pad_id))
+        logits = model(src, given, padding_mask(src, ids.pad), target_mask(given, ids.pad))
     else:
         logits = model(given)
     model.train(training)

@@ -423,7 +423,7 @@ def run(task, cfg, data_dir, tokenizer_dir, model_path, metrics_path, samples_pa
         "## Metrics", "", metrics_table(metrics), "",
         "## Training curves", "", f"![loss curves, gradient norm and learning rate]({rel}/loss.png)", "",
         curves_caption(first_loss, state["tgt_vocab_size"], smoothing, floor, state.get("initial_repeats_input"),
-                       state["model_config"]["tie_embeddings"]), "",
+                       model.cfg.tie_embeddings), "",
         *([validation, ""] if validation else []),
     ]
     if module.KIND == "lm":

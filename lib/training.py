@@ -223,8 +223,7 @@ class Session:
         # What the model file records of how it was trained, beside its step and validation loss, for the
         # report: the label smoothing (the least loss it lets the training loss reach), and how often the
         # untrained model predicted the token it was given (a cause of a first loss far above ln V).
-        repeats = repeats_input(self.model, self.ids.pad, set(asdict(self.ids).values()))
-        self.trained_with = {"initial_repeats_input": round(repeats, 4)}
+        self.trained_with = {"initial_repeats_input": round(repeats_input(self.model, self.ids), 4)}
         if hasattr(cfg, "label_smoothing"):
             self.trained_with["label_smoothing"] = cfg.label_smoothing
         self.train_model = distributed.wrap(self.model, self.ctx, self.device)  # forward and backward go here
