@@ -16,7 +16,7 @@ characters the vocabulary lacks are read as <unk>, and named on stderr.
 scores (``N_BEST_COLUMNS``); ``--score FILE`` translates nothing and scores the
 outputs FILE gives, one per input line, the same way (``SCORE_COLUMNS``). For
 the LM, ``--score FILE`` gives the loss, perplexity and bits per character of
-a whole text (``LM_SCORES``).
+a whole text (``LM_SCORES``). From Python, ``lib.inference`` does the same.
 """
 
 import argparse
@@ -26,7 +26,6 @@ import json
 import os
 import sys
 import tempfile
-import unicodedata
 from pathlib import Path
 
 import torch
@@ -35,10 +34,9 @@ from tqdm import tqdm
 from lib import checkpoint
 from lib.checkpoint import atomic_path
 from lib.data import Pairs, collate, utf8_text
-from lib.decoding import Hypothesis, sample, score_outputs, translate_n_best
-from lib.evaluation import text_metrics
+from lib.inference import (LanguageModel, Written, lm_ids, out_of_range, outputs_of, score_lines, translate_lines)
 from lib.tasks import get_task
-from lib.tokenizer import decode, encode_sources, special_ids, unknown_words
+from lib.tokenizer import special_ids
 
 
 def read_input(path: str) -> str:
@@ -60,97 +58,12 @@ def write_text(path: str, text: str):
             tmp.write_text(text, encoding="utf-8")
 
 
-def unknown_note(text: str, encoding, unk: int) -> str | None:
-    """What of ``text`` the model cannot read (its ``encoding`` has <unk> there), for a message on stderr."""
-    words = unknown_words(text, encoding, unk)
-    if not words:
-        return None
-    shown = ", ".join(map(repr, words[:5])) + (f" and {len(words) - 5} more" if len(words) > 5 else "")
-    return f"not in the model's vocabulary, read as <unk>: {shown}"
-
-
-def normalized(lines: list[str]) -> list[str]:
-    """Lines as the data was prepared: NFC, stripped."""
-    return [unicodedata.normalize("NFC", line).strip() for line in lines]
-
-
-def read_sources(model, tokenizers, lines: list[str]) -> tuple[dict[int, list[int]], list[str]]:
-    """The token ids of each line the model can take, by line index, and messages about the lines it
-    cannot (longer than its max_len) or reads in part as <unk>. Empty lines are left out silently."""
-    unk = special_ids(tokenizers).unk
-    texts = normalized(lines)
-    sources, messages = {}, []
-    for i, (text, encoding) in enumerate(zip(texts, encode_sources(tokenizers, texts))):
-        if not text:
-            continue
-        if len(encoding.ids) > model.cfg.max_len:
-            messages.append(f"line {i + 1}: {len(encoding.ids)} tokens, more than the model's max_len "
-                            f"{model.cfg.max_len}; its output is left empty")
-            continue
-        if note := unknown_note(text, encoding, unk):
-            messages.append(f"line {i + 1}: {note}")
-        sources[i] = encoding.ids
-    return sources, messages
-
-
-def translate_lines(model, tokenizers, lines: list[str], beam_size: int, alpha: float, max_extra_tokens: int,
-                    max_tokens: int, n_best: int = 1
-                    ) -> tuple[list[str], list[str], dict[int, tuple[list[int], list[Hypothesis]]]]:
-    """One output per line; the messages about the lines left empty or read in part as <unk>; and, by line
-    index, each translated line's source ids and its ``n_best`` outputs, best first, with their scores.
-    beam_size 1 is greedy search (beam search of one beam is greedy search, scored)."""
-    sources, messages = read_sources(model, tokenizers, lines)
-    keep = sorted(sources)
-    outputs = translate_n_best(model, [sources[i] for i in keep], special_ids(tokenizers), max_tokens,
-                               max_extra_tokens, beam_size, alpha, n_best)
-    translations = [""] * len(lines)
-    for i, text in zip(keep, decode(tokenizers.target, [hypotheses[0].tokens for hypotheses in outputs])):
-        translations[i] = text
-    return translations, messages, {i: (sources[i], hypotheses) for i, hypotheses in zip(keep, outputs)}
-
-
-def score_lines(model, tokenizers, lines: list[str], references: list[str], alpha: float, max_tokens: int
-                ) -> tuple[list[str], list[str], dict[int, tuple[list[int], list[Hypothesis]]]]:
-    """``translate_lines`` for outputs given rather than searched: each reference as the model scores it
-    (ending in eos), beside its source line."""
-    if len(references) != len(lines):
-        raise ValueError(f"--score has {len(references)} lines but --input has {len(lines)}: they must be "
-                         "parallel, one output per source line")
-    sources, messages = read_sources(model, tokenizers, lines)
-    unk = special_ids(tokenizers).unk
-    texts, given = normalized(references), sorted(sources)
-    outputs = {}
-    for i, encoding in zip(given, tokenizers.target.encode_batch([texts[i] for i in given], add_special_tokens=False)):
-        if len(encoding.ids) + 1 > model.cfg.max_len:  # with its eos
-            messages.append(f"line {i + 1}: the --score output has {len(encoding.ids)} tokens and an eos, more "
-                            f"than the model's max_len {model.cfg.max_len}; not scored")
-            continue
-        if note := unknown_note(texts[i], encoding, unk):
-            messages.append(f"line {i + 1}: the --score output: {note}")
-        outputs[i] = encoding.ids
-    keep = sorted(outputs)
-    scored = score_outputs(model, [sources[i] for i in keep], [outputs[i] for i in keep], special_ids(tokenizers),
-                           max_tokens, alpha)
-    shown = [texts[i] if i in outputs else "" for i in range(len(lines))]
-    return shown, messages, {i: (sources[i], [h]) for i, h in zip(keep, scored)}
-
-
 N_BEST_COLUMNS = ("line", "rank", "score", "log_prob", "tokens", "eos", "translation")
 SCORE_COLUMNS = ("line", "score", "log_prob", "tokens", "least_likely", "translation")  # --score: eos true
 LM_SCORES = ("tokens", "loss", "perplexity", "bits_per_char")  # --score for an LM: lib.evaluation.text_metrics
 
 
-def least_likely(tokenizer, h: Hypothesis) -> str:
-    """The output token the model found least likely, and its log-probability ("28 -4.18"); empty
-    where the per-token log-probabilities are not known (a search's outputs)."""
-    if not h.token_log_probs:
-        return ""
-    j = min(range(len(h.token_log_probs)), key=h.token_log_probs.__getitem__)
-    piece = tokenizer.id_to_token(h.tokens[j]) if j < len(h.tokens) else "<eos>"
-    return f"{piece} {h.token_log_probs[j]:.2f}"
-
-
-def outputs_table(tokenizers, written: dict[int, tuple[list[int], list[Hypothesis]]], columns: tuple[str, ...]) -> str:
+def outputs_table(tokenizers, written: Written, columns: tuple[str, ...]) -> str:
     """Tab-separated, with a header: for each translated line (numbered from 1) its outputs, best first.
     log_prob is the model's log-probability of the output (natural log), eos included when the output
     ended with one (eos false: it was cut at its length limit); score is what beam search ranks by,
@@ -161,12 +74,10 @@ def outputs_table(tokenizers, written: dict[int, tuple[list[int], list[Hypothesi
     writer = csv.writer(table, delimiter="\t", lineterminator="\n")
     writer.writerow(columns)
     for i in sorted(written):
-        hypotheses = written[i][1]
-        texts = decode(tokenizers.target, [h.tokens for h in hypotheses])
-        for rank, (h, text) in enumerate(zip(hypotheses, texts), start=1):
-            row = {"line": i + 1, "rank": rank, "score": f"{h.score:.4f}", "log_prob": f"{h.log_prob:.4f}",
-                   "tokens": len(h.tokens) + h.eos, "eos": str(h.eos).lower(),
-                   "least_likely": least_likely(tokenizers.target, h), "translation": text}
+        for rank, out in enumerate(outputs_of(tokenizers.target, written[i][1]), start=1):
+            row = {"line": i + 1, "rank": rank, "score": f"{out.score:.4f}", "log_prob": f"{out.log_prob:.4f}",
+                   "tokens": out.tokens, "eos": str(out.eos).lower(), "translation": out.text,
+                   "least_likely": f"{out.least_likely[0]} {out.least_likely[1]:.2f}" if out.least_likely else ""}
             writer.writerow([row[column] for column in columns])
     return table.getvalue()
 
@@ -176,7 +87,7 @@ LM_ATTENTION_TOKENS = 64  # the LM's drawing covers the text's first tokens: a w
 
 
 def draw_translation_attention(model, tokenizers, lines: list[str], translations: list[str],
-                               written: dict[int, tuple[list[int], list[Hypothesis]]], figures: Path) -> list[str]:
+                               written: Written, figures: Path) -> list[str]:
     """For each translated line, the attention that wrote its output (encoder self, decoder self and
     cross, every layer and head), with the model teacher-forced on that output: each decoder row is the
     step that chose the token it is labelled with. Figures go to ``figures``; returns the page's lines."""
@@ -205,19 +116,17 @@ def draw_translation_attention(model, tokenizers, lines: list[str], translations
     return page
 
 
-def draw_lm_attention(model, tokenizer, tokens: list[int], block_size: int, figures: Path, what: str) -> list[str]:
+def draw_lm_attention(lm: LanguageModel, tokens: list[int], figures: Path, what: str) -> list[str]:
     """The self-attention over the first tokens of ``what`` (the prompt and its continuation, a scored
     text): ``LM_ATTENTION_TOKENS``, or the model's training block if that is shorter."""
-    from lib.reporting import plot_attention_grid, token_strings, visible  # matplotlib, only when asked
+    from lib.reporting import plot_attention_grid, visible  # matplotlib, only when asked
 
-    shown = torch.tensor(tokens[:min(LM_ATTENTION_TOKENS, block_size)])  # (T,)
-    with torch.no_grad():
-        _, layers = model.forward_with_attention(shown[None].to(next(model.parameters()).device))  # [(1, H, T, T)]
-    labels = [visible(token) for token in token_strings(tokenizer, shown)]
-    plot_attention_grid([w[0].float().cpu() for w in layers], labels, labels,
-                        f"Self-attention over the first {len(shown)} tokens", figures / "self_attention.png")
+    shown = lm.attention(tokens[:LM_ATTENTION_TOKENS])["self-attention"]
+    labels = [visible(token) for token in shown.rows]
+    plot_attention_grid(shown.layers, labels, labels, f"Self-attention over the first {len(labels)} tokens",
+                        figures / "self_attention.png")
     return ["# Attention", "",
-            f"The first {len(shown)} tokens of {what}. Rows: the position predicting "
+            f"The first {len(labels)} tokens of {what}. Rows: the position predicting "
             "the next token; columns: the positions it reads. One panel per layer (rows) and head (columns).", "",
             "![self-attention](self_attention.png)", ""]
 
@@ -246,21 +155,18 @@ GENERATION_OPTIONS = {"seq2seq": ("beam_size", "max_extra_tokens", "n_best"), "l
 
 def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace, kind: str):
     """One error naming every option that is missing, out of range, or set but meant for the other kind of task."""
+    flag = lambda dest: "--" + dest.replace("_", "-")  # noqa: E731
     if kind == "seq2seq":
         errors = [] if args.input else ["--input is required to translate or score (a file, or - for stdin)"]
-        rules = [("beam_size", args.beam_size >= 1, ">= 1 (1: greedy)"), ("alpha", args.alpha >= 0, ">= 0"),
-                 ("max_extra_tokens", args.max_extra_tokens >= 0, ">= 0"), ("max_tokens", args.max_tokens >= 1, ">= 1"),
-                 ("n_best", args.n_best is None or 1 <= args.n_best <= args.beam_size,
-                  f"in [1, --beam-size {args.beam_size}] (the beam holds that many outputs)")]
+        ranged = ("beam_size", "alpha", "max_extra_tokens", "max_tokens")
+        if args.n_best is not None and not 1 <= args.n_best <= args.beam_size:
+            errors.append(f"--n-best {args.n_best}: must be in [1, --beam-size {args.beam_size}] (the beam holds "
+                          "that many outputs)")
     else:
         errors = [] if args.prompt or args.score else [
             "--prompt is required (and must not be empty) to sample from the LM, or --score FILE to score a text"]
-        rules = [("max_new_tokens", args.max_new_tokens >= 1, ">= 1"), ("temperature", args.temperature > 0, "> 0"),
-                 ("top_k", args.top_k >= 0, ">= 0 (0: no top-k filter)"),
-                 ("top_p", 0 < args.top_p <= 1, "in (0, 1] (1: no nucleus filter)"),
-                 ("num_samples", args.num_samples >= 1, ">= 1")]
-    flag = lambda dest: "--" + dest.replace("_", "-")  # noqa: E731
-    errors += [f"{flag(dest)} {getattr(args, dest)}: must be {must}" for dest, holds, must in rules if not holds]
+        ranged = ("max_new_tokens", "temperature", "top_k", "top_p", "num_samples")
+    errors += out_of_range({dest: getattr(args, dest) for dest in ranged}, flag)
     if args.score:
         if generating := [flag(dest) for dest in GENERATION_OPTIONS[kind]
                           if getattr(args, dest) != parser.get_default(dest)]:
@@ -279,8 +185,11 @@ def translate_file(args: argparse.Namespace, model, tokenizers):
     """Translate --input, or score --score beside it; write the outputs, or their table, to --output."""
     lines = read_lines(args.input)
     if args.score:
-        translations, messages, written = score_lines(model, tokenizers, lines, read_lines(args.score), args.alpha,
-                                                      args.max_tokens)
+        if len(outputs := read_lines(args.score)) != len(lines):
+            raise ValueError(f"--score has {len(outputs)} lines but --input has {len(lines)}: they must be "
+                             "parallel, one output per source line")
+        translations, messages, written = score_lines(model, tokenizers, lines, outputs, args.alpha, args.max_tokens,
+                                                      what="the --score output")
     else:
         translations, messages, written = translate_lines(model, tokenizers, lines, args.beam_size, args.alpha,
                                                           args.max_extra_tokens, args.max_tokens, args.n_best or 1)
@@ -295,37 +204,33 @@ def translate_file(args: argparse.Namespace, model, tokenizers):
         write_text(args.output, "".join(t + "\n" for t in translations))
 
 
-def lm_ids(tokenizers, text: str, what: str) -> list[int]:
+def lm_tokens(tokenizers, text: str, what: str) -> list[int]:
     """The LM's token ids of ``text``; what it cannot read (<unk>) is named on stderr as part of ``what``."""
-    encoding = tokenizers.target.encode(text, add_special_tokens=False)
-    if note := unknown_note(text, encoding, special_ids(tokenizers).unk):
-        print(f"generate: {what}: {note}", file=sys.stderr)
-    return encoding.ids
+    ids, messages = lm_ids(tokenizers, text, what)
+    for message in messages:
+        print(f"generate: {message}", file=sys.stderr)
+    return ids
 
 
-def score_text(args: argparse.Namespace, model, tokenizers, block_size: int):
+def score_text(args: argparse.Namespace, lm: LanguageModel):
     """The LM's loss, perplexity and bits per character on the whole of --score, as JSON."""
     text = read_input(args.score)
-    ids = lm_ids(tokenizers, text, "--score")
-    if len(ids) < 2:
-        raise ValueError(f"--score {args.score}: {len(ids)} token(s); scoring needs at least 2 "
-                         "(the first is only read)")
-    scores = text_metrics(model, torch.tensor(ids), len(text), block_size)
+    ids = lm_tokens(lm.tokenizers, text, "--score")
+    scores = lm.score_ids(ids, len(text), f"--score {args.score}")
     if args.attention:
-        write_figures(Path(args.attention), lambda figures: draw_lm_attention(
-            model, tokenizers.target, ids, block_size, figures, "the text"))
+        write_figures(Path(args.attention), lambda figures: draw_lm_attention(lm, ids, figures, "the text"))
     write_text(args.output, json.dumps(scores, indent=2) + "\n")
 
 
-def continue_prompt(args: argparse.Namespace, model, tokenizers, block_size: int):
-    """--num-samples continuations of --prompt, sampled from the LM."""
-    prompt, generator = lm_ids(tokenizers, args.prompt, "the prompt"), torch.Generator().manual_seed(args.seed)
-    outs = [sample(model, prompt, args.max_new_tokens, args.temperature, args.top_k, generator, block_size,
-                   args.top_p) for _ in range(args.num_samples)]
+def continue_prompt(args: argparse.Namespace, lm: LanguageModel):
+    """--num-samples continuations of --prompt, sampled from the LM, all from one seeded generator."""
+    prompt, generator = lm_tokens(lm.tokenizers, args.prompt, "the prompt"), torch.Generator().manual_seed(args.seed)
+    outs = [lm.sample_ids(prompt, args.max_new_tokens, args.temperature, args.top_k, args.top_p, generator)
+            for _ in range(args.num_samples)]
     if args.attention:
         write_figures(Path(args.attention), lambda figures: draw_lm_attention(
-            model, tokenizers.target, outs[0], block_size, figures, "the prompt and its continuation"))
-    texts = [args.prompt + tokenizers.target.decode(out[len(prompt):]) + "\n" for out in outs]
+            lm, outs[0], figures, "the prompt and its continuation"))
+    texts = [args.prompt + lm.tokenizers.target.decode(out[len(prompt):]) + "\n" for out in outs]
     write_text(args.output, (SAMPLE_SEPARATOR + "\n").join(texts))
 
 
@@ -383,9 +288,9 @@ def main(argv=None):
         if kind == "seq2seq":
             translate_file(args, model, tokenizers)
         elif args.score:
-            score_text(args, model, tokenizers, state["block_size"])
+            score_text(args, LanguageModel(model, tokenizers, state["block_size"]))
         else:
-            continue_prompt(args, model, tokenizers, state["block_size"])
+            continue_prompt(args, LanguageModel(model, tokenizers, state["block_size"]))
     except (ValueError, FileNotFoundError, OSError) as err:
         print(f"generate: error: {err}", file=sys.stderr)
         sys.exit(2)

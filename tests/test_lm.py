@@ -315,3 +315,43 @@ def test_generate_scores_a_text_over_every_token_after_the_first(tmp_path, lm_bu
         ["--score", str(tmp_path / "one.txt")])
     assert "--prompt, --top-k: not with --score (it scores the text given; nothing is generated)" in fails(
         ["--score", str(tmp_path / "text.txt"), "--prompt", "RO", "--top-k", "3"])
+
+
+def test_a_language_model_loaded_from_python_samples_and_scores_as_the_command_line(tmp_path, lm_built, capsys):
+    """lib.inference for an LM: the same samples from the same seed (several from one generator), the
+    same scores, the causal self-attention, warnings for what it cannot read, errors naming the option."""
+    from lib import generate
+    from lib.inference import LanguageModel, load
+
+    models = tmp_path / "models"
+    shutil.copytree(lm_built["tok"], models / "tokenizer")
+    shutil.copyfile(lm_built["model"], models / "model.pt")
+    lm = load(models)
+    assert isinstance(lm, LanguageModel) and lm.block_size == 16
+    run = ["--task", "shakespeare", "--models", str(models), "--prompt", "ROMEO:\n", "--max-new-tokens", "25",
+           "--top-k", "5", "--seed", "3", "--num-samples", "2"]
+    generate.main(run)
+    written = capsys.readouterr().out.split(generate.SAMPLE_SEPARATOR + "\n")
+    assert lm.sample("ROMEO:\n", max_new_tokens=25, top_k=5, seed=3) + "\n" == written[0]
+    generator = torch.Generator().manual_seed(3)
+    assert [lm.sample("ROMEO:\n", max_new_tokens=25, top_k=5, seed=generator) + "\n" for _ in range(2)] == written
+
+    text = PLAY[:40]
+    (tmp_path / "text.txt").write_text(text, encoding="utf-8")
+    generate.main(["--task", "shakespeare", "--models", str(models), "--score", str(tmp_path / "text.txt")])
+    assert lm.score(text) == pytest.approx(json.loads(capsys.readouterr().out), rel=1e-9)
+
+    maps = lm.attention(text)
+    attention = maps["self-attention"]
+    assert list(maps) == ["self-attention"] and attention.rows == attention.cols == list(text[:16])  # its block
+    assert len(attention.layers) == 2 and attention.layers[0].shape == (lm.model.cfg.n_heads, 16, 16)
+    assert all(torch.all(w.triu(1) == 0) for w in attention.layers)  # no position reads a later one
+
+    with pytest.warns(UserWarning, match="the prompt: not in the model's vocabulary, read as <unk>: '☃'"):
+        lm.sample("RO☃", max_new_tokens=2)
+    for call, message in [(lambda: lm.sample("RO", temperature=0, top_p=1.5),
+                           r"temperature 0: must be > 0; top_p 1.5: must be in \(0, 1\]"),
+                          (lambda: lm.sample(""), "prompt: empty"),
+                          (lambda: lm.score("R"), r"the text: 1 token\(s\); scoring needs at least 2")]:
+        with pytest.raises(ValueError, match=message):
+            call()

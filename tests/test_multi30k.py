@@ -1,6 +1,7 @@
 """The multi30k task on a tiny parallel corpus the tests write: loading, bad data, BPE, BLEU, training."""
 
 import gzip
+import io
 import os
 import re
 import shutil
@@ -275,7 +276,7 @@ def test_real_multi30k_loads_and_bpe_round_trips(tmp_path):
 def test_source_eos_ends_every_source_the_model_reads(tmp_path, corpus, monkeypatch, joint, source_eos):
     """tokenize.source_eos is kept in the tokenizer file (its source side's post-processor), so training,
     evaluation and lib.generate all give the model the same sources; targets never get the <eos>."""
-    from lib import generate
+    from lib import inference
     from lib.decoding import Hypothesis
 
     params = tiny_params(corpus, joint=joint)
@@ -287,9 +288,9 @@ def test_source_eos_ends_every_source_the_model_reads(tmp_path, corpus, monkeypa
     assert [s[-1] == eos for s in pairs.src] == [source_eos] * len(pairs.src)
     assert not any(eos in s[:-1] for s in pairs.src) and not any(eos in t for t in pairs.tgt)
     seen = []
-    monkeypatch.setattr(generate, "translate_n_best", lambda _, sources, *args: seen.extend(sources) or
+    monkeypatch.setattr(inference, "translate_n_best", lambda _, sources, *args: seen.extend(sources) or
                         [[Hypothesis([], 0.0, 0.0, True)]] * len(sources))
-    generate.translate_lines(SimpleNamespace(cfg=SimpleNamespace(max_len=64)), toks, GERMAN[:2], 1, 0.0, 5, 1000)
+    inference.translate_lines(SimpleNamespace(cfg=SimpleNamespace(max_len=64)), toks, GERMAN[:2], 1, 0.0, 5, 1000)
     assert seen == tokenizer.encode_pairs(toks, pd.DataFrame({"src": GERMAN[:2], "tgt": ["", ""]})).src
 
 
@@ -330,7 +331,7 @@ def test_generate_translates_a_file_line_by_line(tmp_path, trained, capsys):
 def test_generate_writes_each_lines_n_best_with_the_scores_beam_search_ranked_them_by(tmp_path, trained):
     """--n-best K: a table of each translated line's K best outputs, best first; rank 1 is the plain output,
     and each score is the model's own log-probability of that output over the length penalty."""
-    from lib import generate
+    from lib import generate, inference
     from lib.decoding import length_penalty, score_outputs
     from lib.tokenizer import encode_sources, special_ids
 
@@ -351,7 +352,7 @@ def test_generate_writes_each_lines_n_best_with_the_scores_beam_search_ranked_th
     for (line, rows), german in zip(table.groupby("line"), [GERMAN[0], GERMAN[1]]):
         assert rows["score"].is_monotonic_decreasing
         source = encode_sources(toks, [german])[0].ids
-        _, _, written = generate.translate_lines(model, toks, [german], 4, 0.6, 20, 8192, n_best=3)
+        _, _, written = inference.translate_lines(model, toks, [german], 4, 0.6, 20, 8192, n_best=3)
         hypotheses = written[0][1]
         rescored = score_outputs(model, [source] * 3, [h.tokens for h in hypotheses], ids, 8192, 0.6,
                                  [h.eos for h in hypotheses])  # teacher-forced
@@ -512,3 +513,68 @@ def test_generate_interrupted_is_one_line_and_writes_nothing(tmp_path, trained, 
     assert exit_info.value.code == 130
     assert capsys.readouterr().err == "generate: interrupted; --output was not written\n"
     assert [p.name for p in files.iterdir()] == ["in.txt"]
+
+
+def test_a_translator_loaded_from_python_gives_what_the_command_line_writes(tmp_path, trained, capsys):
+    """lib.inference: one sentence in, one out; a list in, a list out, warnings naming the sentence at fault
+    by its index; n-best lists and scores as the command line's table gives them; the attention itself."""
+    from lib import generate
+    from lib.inference import Output, Translator, load
+    from lib.tokenizer import encode_sources
+
+    translator = load(trained)
+    assert isinstance(translator, Translator)
+    sentences = [GERMAN[0] + " ☃", "", " ".join(["Hund"] * 80), GERMAN[1]]
+    (tmp_path / "in.txt").write_text("\n".join(sentences) + "\n", encoding="utf-8")
+    run = ["--task", "multi30k", "--models", str(trained), "--input", str(tmp_path / "in.txt"), "--beam-size", "3"]
+    generate.main(run)
+    written = capsys.readouterr().out.split("\n")[:4]
+    with pytest.warns(UserWarning) as warned:
+        assert translator.translate(sentences, beam_size=3) == written
+    assert [str(w.message) for w in warned][0] == (
+        "translate: sentences[0]: not in the model's vocabulary, read as <unk>: '☃'")
+    assert re.fullmatch(r"translate: sentences\[2\]: \d+ tokens, more than the model's max_len 64; its output "
+                        r"is left empty", str(warned[1].message)) and len(warned) == 2
+    assert translator.translate(GERMAN[1], beam_size=3) == written[3]  # alone or in a list
+
+    generate.main(run + ["--n-best", "3", "--alpha", "0.6"])
+    table = pd.read_csv(io.StringIO(capsys.readouterr().out), sep="\t", keep_default_na=False)
+    best = translator.n_best(GERMAN[1], k=3, beam_size=3)
+    assert [o.text for o in best] == table[table["line"] == 4]["translation"].tolist()
+    assert [round(o.score, 4) for o in best] == table[table["line"] == 4]["score"].tolist()
+    assert all(isinstance(o, Output) and o.least_likely is None for o in best)
+    with pytest.warns(UserWarning):
+        assert [len(found) for found in translator.n_best(sentences, k=2, beam_size=3)] == [2, 0, 0, 2]
+
+    scored = translator.score(GERMAN[1], best[0].text)  # beam search's own output, scored by teacher forcing
+    assert (scored.text, scored.tokens, scored.eos) == (best[0].text, best[0].tokens, True)
+    assert scored.log_prob == pytest.approx(best[0].log_prob, abs=1e-4)
+    piece, log_prob = scored.least_likely
+    assert scored.log_prob <= log_prob < 0 and piece in translator.tokenizers.target.get_vocab() | {"<eos>": 0}
+    assert translator.score(["", GERMAN[0]], ["A dog.", ""])[0] is None
+
+    maps = translator.attention(GERMAN[1])  # of the greedy output
+    source = len(encode_sources(translator.tokenizers, [GERMAN[1]])[0].ids)
+    greedy = translator.translate(GERMAN[1])
+    tokens = len(translator.tokenizers.target.encode(greedy, add_special_tokens=False).ids) + 1  # with the eos
+    shapes = {"encoder self-attention": (source, source), "decoder self-attention": (tokens, tokens),
+              "cross-attention": (tokens, source)}
+    cfg = translator.model.cfg
+    for kind, (rows, cols) in shapes.items():
+        attention = maps[kind]
+        depth = cfg.encoder_layers if kind.startswith("encoder") else cfg.decoder_layers
+        assert len(attention.layers) == depth and (len(attention.rows), len(attention.cols)) == (rows, cols)
+        for weights in attention.layers:
+            assert weights.shape == (cfg.n_heads, rows, cols)
+            assert torch.allclose(weights.sum(-1), torch.ones(cfg.n_heads, rows), atol=1e-5)  # a row reads a whole
+    assert maps["cross-attention"].rows[-1] == "<eos>" and maps["decoder self-attention"].cols[0] == "<bos>"
+    assert torch.all(maps["decoder self-attention"].layers[0].triu(1) == 0)  # no step reads the future
+
+    for call, message in [(lambda: translator.translate(GERMAN[0], beam_size=0), r"beam_size 0: must be >= 1"),
+                          (lambda: translator.n_best(GERMAN[0], k=4, beam_size=3),
+                           r"k 4: must be in \[1, beam_size 3\]"),
+                          (lambda: translator.score(GERMAN[:2], ["A dog."]), "1 outputs for 2 sources"),
+                          (lambda: translator.translate(GERMAN[0], alpha=-1, max_extra_tokens=-1),
+                           r"alpha -1: must be >= 0; max_extra_tokens -1: must be >= 0")]:
+        with pytest.raises(ValueError, match=message):
+            call()
