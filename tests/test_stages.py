@@ -562,3 +562,15 @@ def test_auto_precision_is_bf16_only_where_the_hardware_multiplies_bfloat16(tmp_
         training.resolve_precision("bf16", cpu, {"avx2", "avx512_bf16"})
         training.resolve_precision("bf16", cpu, set())  # flags unknown: nothing to say
     assert caplog.text == ""
+
+
+def test_the_readmes_python_example_runs(built, tmp_path):
+    """README, "From Python": its code, on the tiny cumsum model, up to the LM (not trained here)."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    code = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    code = code.split('lm = load("models/shakespeare")')[0]  # the part for a translator
+    assert 'load("models/cumsum")' in code and '"cross.png"' in code
+    code = code.replace('"models/cumsum"', repr(str(built["model"].parent)))
+    code = code.replace('"cross.png"', repr(str(tmp_path / "cross.png")))
+    exec(compile(code, "README.md", "exec"), {})
+    assert (tmp_path / "cross.png").stat().st_size > 0
