@@ -118,9 +118,9 @@ def split_loss(model, ids: torch.Tensor, block_size: int, batch_size: int = 32) 
     chunks = list(window.split(batch_size))
     if targets % block_size:  # the tail, shorter than a block
         chunks.append(torch.arange(n_blocks * block_size, len(ids))[None])
-    total = 0.0
+    total, device = 0.0, next(model.parameters()).device
     for chunk in chunks:
-        tokens = ids[chunk]  # (B, T + 1)
+        tokens = ids[chunk].to(device)  # (B, T + 1)
         logits = model(tokens[:, :-1])  # (B, T, V)
         total += F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), tokens[:, 1:].reshape(-1),
                                  reduction="sum").item()

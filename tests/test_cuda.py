@@ -130,3 +130,17 @@ def test_auto_precision_picks_bf16_on_a_gpu_that_has_it():
 
     expected = "bf16" if torch.cuda.is_bf16_supported() else "fp32"  # Ampere and later have it
     assert resolve_precision("auto", torch.device("cuda"), flags=set()) == expected
+
+
+def test_an_lm_scores_a_text_on_cuda_as_on_the_cpu():
+    """evaluation.text_metrics (the evaluate stage, lib.inference's LanguageModel.score) reads a CPU text
+    with a model on the GPU."""
+    from lib.evaluation import text_metrics
+    from lib.model import TransformerLM
+
+    torch.manual_seed(0)
+    model = TransformerLM(model_config(encoder_layers=0, norm_first=True, tie_embeddings=True), V).eval()
+    ids = torch.randint(4, V, (50,))
+    here = text_metrics(model, ids, 50, 16)
+    there = text_metrics(model.cuda(), ids, 50, 16)
+    assert there["loss"] == pytest.approx(here["loss"], rel=1e-4) and there["tokens"] == here["tokens"]

@@ -574,3 +574,24 @@ def test_the_readmes_python_example_runs(built, tmp_path):
     code = code.replace('"cross.png"', repr(str(tmp_path / "cross.png")))
     exec(compile(code, "README.md", "exec"), {})
     assert (tmp_path / "cross.png").stat().st_size > 0
+
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, CUDA])])
+def test_a_model_loaded_onto_a_device_translates_and_reads_as_on_the_cpu(built, device):
+    """lib.inference.load(dir, device): searches, scores and attention run where the model is, and agree
+    with the CPU's."""
+    from lib.inference import load
+
+    here, there = load(built["model"].parent), load(built["model"].parent, device)
+    assert next(there.model.parameters()).device.type == device
+    sentences = ["3 4 5 6", "1 2", "9 9 9 9 9"]
+    assert there.translate(sentences, beam_size=3) == here.translate(sentences, beam_size=3)
+    for ours, theirs in zip(there.score(sentences, ["3 7 12 18"] * 3), here.score(sentences, ["3 7 12 18"] * 3)):
+        assert ours.log_prob == pytest.approx(theirs.log_prob, abs=1e-3)
+    ours, theirs = there.attention("3 4 5 6"), here.attention("3 4 5 6")
+    for kind in theirs:
+        assert ours[kind].rows == theirs[kind].rows
+        assert all(torch.allclose(a, b, atol=1e-4) for a, b in zip(ours[kind].layers, theirs[kind].layers))
