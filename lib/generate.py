@@ -6,7 +6,8 @@
     python -m lib.generate --task shakespeare --prompt TEXT --max-new-tokens N --temperature T --top-k K
     ... --attention DIR    also draw the attention that wrote each output (DIR/attention.md)
 
-``-`` as --input or --output is stdin or stdout. The model and tokenizer come
+``-`` as --input or --output is stdin or stdout; typed at a terminal, each line is
+translated as it is entered. The model and tokenizer come
 from ``models/<task>/`` (what ``dvc repro`` wrote; --models DIR for another
 place). A translation file gets one output line per input line: an empty line
 gives an empty line, and a line longer than the model accepts gets a message
@@ -63,7 +64,7 @@ SCORE_COLUMNS = ("line", "score", "log_prob", "tokens", "least_likely", "transla
 LM_SCORES = ("tokens", "loss", "perplexity", "bits_per_char")  # --score for an LM: lib.evaluation.text_metrics
 
 
-def outputs_table(tokenizers, written: Written, columns: tuple[str, ...]) -> str:
+def outputs_table(tokenizers, written: Written, columns: tuple[str, ...], header: bool = True) -> str:
     """Tab-separated, with a header: for each translated line (numbered from 1) its outputs, best first.
     log_prob is the model's log-probability of the output (natural log), eos included when the output
     ended with one (eos false: it was cut at its length limit); score is what beam search ranks by,
@@ -72,7 +73,8 @@ def outputs_table(tokenizers, written: Written, columns: tuple[str, ...]) -> str
     newline or a double quote is quoted, as CSV does, so that ``pandas.read_csv(sep="\\t")`` reads it."""
     table = io.StringIO()
     writer = csv.writer(table, delimiter="\t", lineterminator="\n")
-    writer.writerow(columns)
+    if header:
+        writer.writerow(columns)
     for i in sorted(written):
         for rank, out in enumerate(outputs_of(tokenizers.target, written[i][1]), start=1):
             row = {"line": i + 1, "rank": rank, "score": f"{out.score:.4f}", "log_prob": f"{out.log_prob:.4f}",
@@ -195,13 +197,56 @@ def translate_file(args: argparse.Namespace, model, tokenizers):
                                                           args.max_extra_tokens, args.max_tokens, args.n_best or 1)
     for message in messages:
         print(f"generate: {message}", file=sys.stderr)
+    finish(args, model, tokenizers, lines, translations, written)
+
+
+def finish(args: argparse.Namespace, model, tokenizers, lines: list[str], translations: list[str], written: Written,
+           output: bool = True):
+    """Draw the attention (--attention) and write --output (unless not ``output``): the translations, or
+    their table."""
     if args.attention:
         write_figures(Path(args.attention), lambda figures: draw_translation_attention(
             model, tokenizers, lines, translations, written, figures))
+    if not output:
+        return
     if args.score or args.n_best:
         write_text(args.output, outputs_table(tokenizers, written, SCORE_COLUMNS if args.score else N_BEST_COLUMNS))
     else:
         write_text(args.output, "".join(t + "\n" for t in translations))
+
+
+def typed(args: argparse.Namespace) -> bool:
+    """Whether the lines to translate are typed at a terminal (--input -, no --score)."""
+    return args.input == "-" and not args.score and sys.stdin.isatty()
+
+
+def translate_typed(args: argparse.Namespace, model, tokenizers):
+    """--input - from a terminal: each line translated as it is entered, and shown at once (its table rows
+    with --n-best), until the end of input (Ctrl-D); then --attention and an --output file, as for a file."""
+    print("generate: translating each line as you enter it; Ctrl-D to end", file=sys.stderr)
+    shown = args.output == "-"
+    if shown and args.n_best:
+        write_text("-", outputs_table(tokenizers, {}, N_BEST_COLUMNS))  # the header
+    lines, translations, written = [], [], {}
+    for raw in iter(sys.stdin.buffer.readline, b""):
+        number = len(lines) + 1
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise ValueError(f"stdin: line {number}: not UTF-8 (byte {err.start})") from None
+        (translation,), messages, found = translate_lines(model, tokenizers, [line], args.beam_size, args.alpha,
+                                                          args.max_extra_tokens, args.max_tokens, args.n_best or 1,
+                                                          lambda _: f"line {number}")
+        for message in messages:
+            print(f"generate: {message}", file=sys.stderr)
+        this = {number - 1: found[0]} if found else {}  # by line index, as translate_file has it
+        lines.append(line.rstrip("\r\n"))
+        translations.append(translation)
+        written |= this
+        if shown:
+            write_text("-", outputs_table(tokenizers, this, N_BEST_COLUMNS, header=False) if args.n_best
+                       else translation + "\n")
+    finish(args, model, tokenizers, lines, translations, written, output=not shown)  # shown: line by line
 
 
 def lm_tokens(tokenizers, text: str, what: str) -> list[int]:
@@ -285,7 +330,9 @@ def main(argv=None):
         if state["kind"] != kind:
             raise ValueError(f"{directory / 'model.pt'} holds a model of kind {state['kind']!r}, but {args.task} "
                              f"is a {kind!r} task")
-        if kind == "seq2seq":
+        if kind == "seq2seq" and typed(args):
+            translate_typed(args, model, tokenizers)
+        elif kind == "seq2seq":
             translate_file(args, model, tokenizers)
         elif args.score:
             score_text(args, LanguageModel(model, tokenizers, state["block_size"]))
@@ -295,7 +342,8 @@ def main(argv=None):
         print(f"generate: error: {err}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:  # the output file is written whole at the end, so there is nothing to clean up
-        print("generate: interrupted; --output was not written", file=sys.stderr)
+        shown = typed(args) and args.output == "-"  # each line's output, as it came
+        print("generate: interrupted" + ("" if shown else "; --output was not written"), file=sys.stderr)
         sys.exit(130)
 
 

@@ -595,3 +595,75 @@ def test_a_model_loaded_onto_a_device_translates_and_reads_as_on_the_cpu(built, 
     for kind in theirs:
         assert ours[kind].rows == theirs[kind].rows
         assert all(torch.allclose(a, b, atol=1e-4) for a, b in zip(ours[kind].layers, theirs[kind].layers))
+
+
+class Terminal:
+    """stdin at a terminal: ``isatty``, and lines that arrive one at a time; ``before_each`` runs before
+    each line is read (and before the end of input)."""
+
+    def __init__(self, lines: list[bytes], before_each):
+        self.lines, self.before_each = iter(lines), before_each
+        self.buffer = self
+
+    def isatty(self) -> bool:
+        return True
+
+    def readline(self) -> bytes:
+        self.before_each()
+        return next(self.lines, b"")
+
+
+@pytest.mark.parametrize("options", [[], ["--beam-size", "2", "--n-best", "2"]])
+def test_generate_translates_each_line_typed_at_a_terminal_as_it_is_entered(built, tmp_path, capsys, monkeypatch,
+                                                                            options):
+    """--input - at a terminal: each line's output (its n-best rows) is shown before the next line is read,
+    and all of it is what the same lines in a file give; an --output file and --attention are written at
+    the end of input, as for a file."""
+    from lib import generate
+
+    typed = ["3 4 5", "", "1 x 2", "9 9"]
+    (tmp_path / "in.txt").write_text("\n".join(typed) + "\n", encoding="utf-8")
+    run = ["--task", "cumsum", "--models", str(built["model"].parent)] + options
+    generate.main(run + ["--input", str(tmp_path / "in.txt")])
+    expected = capsys.readouterr().out
+    rows = expected.splitlines()[1:] if options else expected.splitlines()
+
+    shown = []  # stdout before each line is read
+    monkeypatch.setattr(sys, "stdin", Terminal([line.encode() + b"\n" for line in typed],
+                                               lambda: shown.append(capsys.readouterr().out)))
+    generate.main(run + ["--input", "-", "--attention", str(tmp_path / "att")])
+    assert "".join(shown) + capsys.readouterr().out == expected
+    if options:  # the header at once, then each translated line's two rows (none for the empty line)
+        pairs = ["".join(row + "\n" for row in rows[i:i + 2]) for i in (0, 2, 4)]
+        assert shown == ["line\trank\tscore\tlog_prob\ttokens\teos\ttranslation\n", pairs[0], "", pairs[1],
+                         pairs[2]]
+    else:
+        assert shown == [""] + [row + "\n" for row in rows]  # line k's output, before line k + 1 is read
+    assert "## Line 4" in (tmp_path / "att" / "attention.md").read_text()
+
+    monkeypatch.setattr(sys, "stdin", Terminal([line.encode() + b"\n" for line in typed], lambda: None))
+    generate.main(run + ["--input", "-", "--output", str(tmp_path / "out.txt")])
+    out, err = capsys.readouterr()
+    assert out == "" and (tmp_path / "out.txt").read_text(encoding="utf-8") == expected
+    assert "translating each line as you enter it; Ctrl-D to end" in err
+    assert "generate: line 3: not in the model's vocabulary, read as <unk>: 'x'" in err
+
+
+def test_ctrl_c_at_the_terminal_keeps_what_was_shown(built, capsys, monkeypatch):
+    """Ctrl-C while lines are typed: exit 130 and one line; the outputs shown so far stay, so the message
+    does not claim that --output was not written."""
+    from lib import generate
+
+    reads = []
+
+    def ctrl_c_at_the_second_line():
+        reads.append(len(reads) + 1)
+        if reads[-1] == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(sys, "stdin", Terminal([b"3 4\n", b"5 6\n"], ctrl_c_at_the_second_line))
+    with pytest.raises(SystemExit) as exit_info:
+        generate.main(["--task", "cumsum", "--models", str(built["model"].parent), "--input", "-"])
+    out, err = capsys.readouterr()
+    assert exit_info.value.code == 130 and len(out.splitlines()) == 1
+    assert err.splitlines()[-1] == "generate: interrupted"
