@@ -152,8 +152,9 @@ class Output:
     log_prob: float  # the model's log-probability of the output (natural log), eos included when it has one
     tokens: int  # its length in tokens, the eos included
     eos: bool  # ended with eos (False: cut at its length limit)
-    least_likely: tuple[str, float] | None = None  # outputs given: the token the model found least likely, and its
-    # log-probability ("<eos>" for the end): where to look first
+    # Outputs given (``Translator.score``): the token the model found least likely there ("<eos>": the end),
+    # and its log-probability; where to look first.
+    least_likely: tuple[str, float] | None = None
 
 
 def outputs_of(tokenizer, hypotheses: list[Hypothesis]) -> list[Output]:
@@ -232,7 +233,8 @@ class Translator:
     def score(self, sentences: str | list[str], outputs: str | list[str], alpha: float = 0.6
               ) -> Output | None | list[Output | None]:
         """Each output given (a reference translation, say) as the model scores it for its sentence, the way
-        beam search would, ending in eos; None where the sentence or the output is empty or too long."""
+        beam search would, ending in eos (an empty output is the eos alone); None where the sentence is
+        empty, or it or its output is longer than the model's max_len."""
         check(alpha=alpha)
         lines, one = _as_list(sentences)
         _, messages, written = score_lines(self.model, self.tokenizers, lines, _as_list(outputs)[0], alpha,
