@@ -2,7 +2,7 @@
 
     from lib.inference import load
     translator = load("models/multi30k")        # what `dvc repro` wrote there: model.pt and tokenizer/
-    translator.translate("Ein Hund rennt über die Wiese.", beam_size=5)      # a str; a list for a list
+    translator.translate("Ein Hund rennt über die Wiese.", beam_size=5)      # 'A dog runs through the grass.'
     translator.n_best("Zwei Hunde spielen im Schnee.", k=3, beam_size=5)    # [Output(text=..., score=...), ...]
     translator.score("Zwei Hunde spielen im Schnee.", "Two dogs play in the snow.")
     translator.attention("Zwei Hunde spielen im Schnee.")   # {"cross-attention": Attention(layers, rows, cols), ...}
