@@ -35,7 +35,8 @@ from tqdm import tqdm
 from lib import checkpoint
 from lib.checkpoint import atomic_path
 from lib.data import Pairs, collate, utf8_text
-from lib.inference import (LanguageModel, Written, lm_ids, out_of_range, outputs_of, score_lines, translate_lines)
+from lib.inference import (LanguageModel, Written, device_named, lm_ids, out_of_range, outputs_of, score_lines,
+                           translate_lines)
 from lib.tasks import get_task
 from lib.tokenizer import special_ids
 
@@ -283,6 +284,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m lib.generate", description=__doc__.splitlines()[0])
     parser.add_argument("--task", required=True, help="a task the pipeline trained (models/<task>/)")
     parser.add_argument("--models", help="the directory with model.pt and tokenizer/ (default: models/<task>)")
+    parser.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, or auto (a GPU where there is one)")
     parser.add_argument("--output", default="-",
                         help="one translation per line (a table with --n-best or --score), or the LM's text (JSON "
                              "with --score); - for stdout (default)")
@@ -326,7 +328,8 @@ def main(argv=None):
         kind = get_task(args.task).KIND
         check_options(parser, args, kind)  # before the model loads
         directory = Path(args.models or Path("models") / args.task)
-        model, tokenizers, state = checkpoint.load_trained(directory / "model.pt", directory / "tokenizer")
+        model, tokenizers, state = checkpoint.load_trained(directory / "model.pt", directory / "tokenizer",
+                                                           device_named(args.device))
         if state["kind"] != kind:
             raise ValueError(f"{directory / 'model.pt'} holds a model of kind {state['kind']!r}, but {args.task} "
                              f"is a {kind!r} task")

@@ -332,12 +332,27 @@ class LanguageModel:
         return {"self-attention": Attention([w[0].float().cpu() for w in layers], labels, labels)}
 
 
-def load(directory: str | Path, device: str | torch.device = "cpu"
-         ) -> Translator | LanguageModel:
+def device_named(name: str | torch.device) -> torch.device:
+    """"auto" (CUDA where there is a GPU, else the CPU), "cpu", "cuda", "cuda:1", ...; a name that is no device
+    here is a ValueError, not a checkpoint that fails to load."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"device {name!r}: not a device (auto, cpu, cuda, cuda:N, ...)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r}: no CUDA device is available here (device='auto' takes the CPU then)")
+    return device
+
+
+def load(directory: str | Path, device: str | torch.device = "cpu") -> Translator | LanguageModel:
     """The model in ``directory`` (model.pt and tokenizer/, as the train and tokenize stages write them): a
-    Translator for a seq2seq model, a LanguageModel for an LM, in eval mode on ``device``."""
+    Translator for a seq2seq model, a LanguageModel for an LM, in eval mode on ``device`` ("auto": a GPU
+    where there is one)."""
     directory = Path(directory)
-    model, tokenizers, state = checkpoint.load_trained(directory / "model.pt", directory / "tokenizer", device)
+    model, tokenizers, state = checkpoint.load_trained(directory / "model.pt", directory / "tokenizer",
+                                                       device_named(device))
     if state["kind"] == "lm":
         return LanguageModel(model, tokenizers, state["block_size"])
     return Translator(model, tokenizers)

@@ -597,6 +597,19 @@ def test_a_model_loaded_onto_a_device_translates_and_reads_as_on_the_cpu(built, 
         assert all(torch.allclose(a, b, atol=1e-4) for a, b in zip(ours[kind].layers, theirs[kind].layers))
 
 
+def test_loading_onto_a_device_that_is_not_here_names_the_device(built):
+    """Not torch's deserialisation error, which the checkpoint loader would read as a corrupt file."""
+    from lib.inference import load
+
+    with pytest.raises(ValueError, match=r"device 'gpu': not a device \(auto, cpu, cuda, cuda:N, ...\)"):
+        load(built["model"].parent, device="gpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match=r"device 'cuda': no CUDA device is available here"):
+            load(built["model"].parent, device="cuda")
+    assert next(load(built["model"].parent, device="auto").model.parameters()).device.type == (
+        "cuda" if torch.cuda.is_available() else "cpu")
+
+
 class Terminal:
     """stdin at a terminal: ``isatty``, and lines that arrive one at a time; ``before_each`` runs before
     each line is read (and before the end of input)."""
