@@ -680,3 +680,11 @@ def test_ctrl_c_at_the_terminal_keeps_what_was_shown(built, capsys, monkeypatch)
     out, err = capsys.readouterr()
     assert exit_info.value.code == 130 and len(out.splitlines()) == 1
     assert err.splitlines()[-1] == "generate: interrupted"
+
+
+def test_the_tour_runs_as_written():
+    """docs/tour.md: every example at the Python prompt gives the output printed under it."""
+    import doctest
+
+    result = doctest.testfile(str(ROOT / "docs" / "tour.md"), module_relative=False, report=True)
+    assert result.attempted > 30 and result.failed == 0
