@@ -284,7 +284,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m lib.generate", description=__doc__.splitlines()[0])
     parser.add_argument("--task", required=True, help="a task the pipeline trained (models/<task>/)")
     parser.add_argument("--models", help="the directory with model.pt and tokenizer/ (default: models/<task>)")
-    parser.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, or auto (a GPU where there is one)")
+    parser.add_argument("--device", default="cpu",
+                        help="cpu (default), cuda, cuda:N, or auto (a GPU where there is one)")
     parser.add_argument("--output", default="-",
                         help="one translation per line (a table with --n-best or --score), or the LM's text (JSON "
                              "with --score); - for stdout (default)")
