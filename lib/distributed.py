@@ -45,6 +45,20 @@ def setup(device: torch.device) -> Context:
     return Context(dist.get_rank(), world, device)
 
 
+def device_named(name: str | torch.device, param: str = "device") -> torch.device:
+    """"auto" (CUDA where there is a GPU, else the CPU), "cpu", "cuda", "cuda:1", ...; a name that is no device
+    here is a ValueError naming ``param`` (not, say, a checkpoint that fails to load onto it)."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"{param} {name!r}: not a device (auto, cpu, cuda, cuda:N, ...)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{param} {name!r}: no CUDA device is available here ({param} auto takes the CPU then)")
+    return device
+
+
 def local_device(device: torch.device) -> torch.device:
     """Under torchrun each process takes the GPU of its local rank."""
     if device.type == "cuda" and "LOCAL_RANK" in os.environ:

@@ -35,8 +35,8 @@ from tqdm import tqdm
 from lib import checkpoint
 from lib.checkpoint import atomic_path
 from lib.data import Pairs, collate, utf8_text
-from lib.inference import (LanguageModel, Written, device_named, lm_ids, out_of_range, outputs_of, score_lines,
-                           translate_lines)
+from lib.distributed import device_named
+from lib.inference import LanguageModel, Written, lm_ids, out_of_range, outputs_of, score_lines, translate_lines
 from lib.tasks import get_task
 from lib.tokenizer import special_ids
 
@@ -231,10 +231,7 @@ def translate_typed(args: argparse.Namespace, model, tokenizers):
     lines, translations, written = [], [], {}
     for raw in iter(sys.stdin.buffer.readline, b""):
         number = len(lines) + 1
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as err:
-            raise ValueError(f"stdin: line {number}: not UTF-8 (byte {err.start})") from None
+        line = utf8_text(raw, "stdin", first_line=number)
         (translation,), messages, found = translate_lines(model, tokenizers, [line], args.beam_size, args.alpha,
                                                           args.max_extra_tokens, args.max_tokens, args.n_best or 1,
                                                           lambda _: f"line {number}")

@@ -28,6 +28,7 @@ import torch
 from lib import checkpoint
 from lib.data import Pairs, collate
 from lib.decoding import Hypothesis, sample, score_outputs, translate_n_best
+from lib.distributed import device_named
 from lib.evaluation import text_metrics
 from lib.tokenizer import decode, encode_sources, special_ids, unknown_words
 
@@ -250,15 +251,18 @@ class Translator:
         self-attention" and "cross-attention" with a row for each step, labelled by the token it chose."""
         from lib.reporting import attention_maps, token_strings
 
-        messages, where = [], lambda _: "the sentence"
-        if output is None:
-            found, messages = self._search([sentence], 1, 1, 0.0, 20, where)
-            output = found[0][0].text if found[0] else ""
-        _, more, written = score_lines(self.model, self.tokenizers, [sentence], [output], 0.0, self.max_tokens, where)
-        _warn(messages or more, "attention")
+        where = lambda _: "the sentence"  # noqa: E731
+        if output is None:  # the search's own tokens, not its text encoded again
+            _, messages, written = translate_lines(self.model, self.tokenizers, [sentence], 1, 0.0, 20,
+                                                   self.max_tokens, 1, where)
+        else:
+            _, messages, written = score_lines(self.model, self.tokenizers, [sentence], [output], 0.0,
+                                               self.max_tokens, where)
+        _warn(messages, "attention")
         if 0 not in written:
-            raise ValueError(f"attention: {sentence!r} -> {output!r}: nothing the model can read (empty, or longer "
-                             f"than its max_len {self.model.cfg.max_len})")
+            given = "" if output is None else f" -> {output!r}"
+            raise ValueError(f"attention: {sentence!r}{given}: nothing the model can read (empty, or longer than "
+                             f"its max_len {self.model.cfg.max_len})")
         source, (h,) = written[0]
         ids = special_ids(self.tokenizers)
         batch = collate(Pairs([source], [h.tokens]), [0], ids).to(next(self.model.parameters()).device)
@@ -330,20 +334,6 @@ class LanguageModel:
             _, layers = self.model.forward_with_attention(shown[None].to(next(self.model.parameters()).device))
         labels = token_strings(self.tokenizers.target, shown)
         return {"self-attention": Attention([w[0].float().cpu() for w in layers], labels, labels)}
-
-
-def device_named(name: str | torch.device) -> torch.device:
-    """"auto" (CUDA where there is a GPU, else the CPU), "cpu", "cuda", "cuda:1", ...; a name that is no device
-    here is a ValueError, not a checkpoint that fails to load."""
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ValueError(f"device {name!r}: not a device (auto, cpu, cuda, cuda:N, ...)") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r}: no CUDA device is available here (device='auto' takes the CPU then)")
-    return device
 
 
 def load(directory: str | Path, device: str | torch.device = "cpu") -> Translator | LanguageModel:

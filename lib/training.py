@@ -59,14 +59,6 @@ def compile_model(model: torch.nn.Module, kind: str) -> torch.nn.Module:
     return torch.compile(model, dynamic=kind == "seq2seq")
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("train.device: 'cuda' requested but no CUDA device is available")
-    return torch.device(name)
-
-
 # CPU flags (Linux's /proc/cpuinfo) of native bfloat16 matmuls. There bf16 autocast pays off (RESULTS.md:
 # 2.6x fp32's tokens a second with AVX512-BF16, 1.5x with AMX); elsewhere a CPU emulates it, more slowly.
 NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
@@ -208,7 +200,7 @@ class Session:
         ``schedule_uses_length``: the learning rate depends on the length, so changing it starts afresh."""
         length_key, self.progress_key = length
         self.kind = get_task(task).KIND
-        self.device = distributed.local_device(resolve_device(cfg.device))
+        self.device = distributed.local_device(distributed.device_named(cfg.device, "train.device"))
         self.ctx = distributed.setup(self.device)
         if self.device.type == "cpu":
             keep_freed_memory()
