@@ -8,6 +8,7 @@ every step, as a reference and for the speed benchmark.
 Dims: B sentences, K beams, S source length, T tokens so far, V vocabulary.
 """
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -243,7 +244,7 @@ def score_outputs(model, sources: list[list[int]], outputs: list[list[int]], ids
 
 
 @torch.no_grad()
-def sample(
+def sampled(
     model,
     prompt: list[int],
     max_new_tokens: int,
@@ -253,8 +254,8 @@ def sample(
     block_size: int,
     top_p: float = 1.0,
     use_cache: bool = True,
-) -> list[int]:
-    """Continue ``prompt`` by sampling from the LM, one token at a time.
+) -> Iterator[int]:
+    """Continue ``prompt`` by sampling from the LM, one token at a time: yields each new token as it is drawn.
 
     Logits are divided by ``temperature``; with ``top_k`` > 0 only the k
     likeliest tokens may be drawn, with ``top_p`` < 1 only the smallest set
@@ -262,7 +263,6 @@ def sample(
     last ``block_size`` tokens: the cache serves until the text fills the
     block; past it, the window slides and every position moves, so each step
     recomputes the window. ``generator`` (on the CPU) makes it reproducible.
-    Returns the prompt followed by the new tokens.
     """
     device = next(model.parameters()).device
     ids = torch.tensor([prompt], dtype=torch.long, device=device)  # (1, T)
@@ -274,9 +274,16 @@ def sample(
         else:
             logits = model(ids[:, -block_size:])[0, -1]  # (V,)
         logits = top_p_filter(top_k_filter(logits.float() / temperature, top_k), top_p)
-        next_token = torch.multinomial(torch.softmax(logits, dim=-1).cpu(), 1, generator=generator).to(device)
-        ids = torch.cat([ids, next_token[None]], dim=1)  # (1, T + 1)
-    return ids[0].tolist()
+        next_token = torch.multinomial(torch.softmax(logits, dim=-1).cpu(), 1, generator=generator)
+        yield next_token.item()
+        ids = torch.cat([ids, next_token.to(device)[None]], dim=1)  # (1, T + 1)
+
+
+def sample(model, prompt: list[int], max_new_tokens: int, temperature: float, top_k: int,
+           generator: torch.Generator, block_size: int, top_p: float = 1.0, use_cache: bool = True) -> list[int]:
+    """``sampled``'s tokens all at once: the prompt followed by the new tokens."""
+    return prompt + list(sampled(model, prompt, max_new_tokens, temperature, top_k, generator, block_size, top_p,
+                                 use_cache))
 
 
 def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:

@@ -19,10 +19,10 @@ from lib import checkpoint
 from lib.checkpoint import atomic_path
 from lib.config import EvaluateConfig, LMEvaluateConfig
 from lib.data import Pairs, read_split, read_text
-from lib.decoding import Hypothesis, sample, score_outputs, translate, translate_n_best
+from lib.decoding import Hypothesis, sampled, score_outputs, translate, translate_n_best
 from lib.metrics import perplexity
 from lib.tasks import get_task
-from lib.tokenizer import decode, encode, encode_pairs, encode_text, special_ids
+from lib.tokenizer import continuation, decode, encode, encode_pairs, encode_text, special_ids
 from lib.training import mean_loss
 
 
@@ -145,9 +145,9 @@ def evaluate_lm(task, cfg: LMEvaluateConfig, data_dir, tokenizer_dir, model_path
     rows = []
     for prompt in cfg.prompts:
         prompt_ids = encode(tokenizer, [prompt])[0]
-        out = sample(model, prompt_ids, cfg.max_new_tokens, cfg.temperature, cfg.top_k, generator,
-                     state["block_size"], cfg.top_p)
-        rows.append({"prompt": prompt, "sample": tokenizer.decode(out[len(prompt_ids):])})
+        tokens = sampled(model, prompt_ids, cfg.max_new_tokens, cfg.temperature, cfg.top_k, generator,
+                         state["block_size"], cfg.top_p)
+        rows.append({"prompt": prompt, "sample": "".join(continuation(tokenizer, prompt_ids, tokens))})
     write_outputs(metrics, pd.DataFrame(rows), metrics_path, samples_path)
     return metrics
 

@@ -4,15 +4,18 @@
     python -m lib.generate --task multi30k --input FILE --score OUTPUTS --output TABLE
     python -m lib.generate --task shakespeare --score TEXT
     python -m lib.generate --task shakespeare --prompt TEXT --max-new-tokens N --temperature T --top-k K
+    python -m lib.generate --task shakespeare --prompt -       (stdin; at a terminal, each line typed)
     ... --attention DIR    also draw the attention that wrote each output (DIR/attention.md)
 
 ``-`` as --input or --output is stdin or stdout; typed at a terminal, each line is
-translated as it is entered. The model and tokenizer come
-from ``models/<task>/`` (what ``dvc repro`` wrote; --models DIR for another
-place). A translation file gets one output line per input line: an empty line
-gives an empty line, and a line longer than the model accepts gets a message
-on stderr and an empty line, so one bad line never stops the file. Words or
-characters the vocabulary lacks are read as <unk>, and named on stderr.
+translated as it is entered. The LM's ``--prompt -`` is the whole of stdin, or, at
+a terminal, each line as it is entered; samples go to stdout as they are drawn.
+The model and tokenizer come from ``models/<task>/`` (what ``dvc repro`` wrote;
+--models DIR for another place). A translation file gets one output line per
+input line: an empty line gives an empty line, and a line longer than the model
+accepts gets a message on stderr and an empty line, so one bad line never stops
+the file. Words or characters the vocabulary lacks are read as <unk>, and named
+on stderr.
 ``--n-best K`` writes instead a table of each line's K best outputs with their
 scores (``N_BEST_COLUMNS``); ``--score FILE`` translates nothing and scores the
 outputs FILE gives, one per input line, the same way (``SCORE_COLUMNS``). For
@@ -38,7 +41,7 @@ from lib.data import Pairs, collate, utf8_text
 from lib.distributed import device_named
 from lib.inference import LanguageModel, Written, lm_ids, out_of_range, outputs_of, score_lines, translate_lines
 from lib.tasks import get_task
-from lib.tokenizer import special_ids
+from lib.tokenizer import continuation, special_ids
 
 
 def read_input(path: str) -> str:
@@ -167,7 +170,8 @@ def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace, kin
                           "that many outputs)")
     else:
         errors = [] if args.prompt or args.score else [
-            "--prompt is required (and must not be empty) to sample from the LM, or --score FILE to score a text"]
+            "--prompt is required (and must not be empty) to sample from the LM (- reads it from stdin), or "
+            "--score FILE to score a text"]
         ranged = ("max_new_tokens", "temperature", "top_k", "top_p", "num_samples")
     errors += out_of_range({dest: getattr(args, dest) for dest in ranged}, flag)
     if args.score:
@@ -265,16 +269,50 @@ def score_text(args: argparse.Namespace, lm: LanguageModel):
     write_text(args.output, json.dumps(scores, indent=2) + "\n")
 
 
-def continue_prompt(args: argparse.Namespace, lm: LanguageModel):
-    """--num-samples continuations of --prompt, sampled from the LM, all from one seeded generator."""
-    prompt, generator = lm_tokens(lm.tokenizers, args.prompt, "the prompt"), torch.Generator().manual_seed(args.seed)
-    outs = [lm.sample_ids(prompt, args.max_new_tokens, args.temperature, args.top_k, args.top_p, generator)
-            for _ in range(args.num_samples)]
-    if args.attention:
+def continue_prompts(args: argparse.Namespace, lm: LanguageModel, prompts):
+    """--num-samples continuations of each of ``prompts`` ((text, what names it) pairs), all drawn from one
+    generator seeded by --seed. To stdout, each is shown as it is drawn; an --output file is written whole
+    at the end. --attention draws the first sample's."""
+    generator, shown = torch.Generator().manual_seed(args.seed), args.output == "-"
+    show = (lambda text: write_text("-", text)) if shown else (lambda text: None)
+    texts, first = [], None
+    for prompt, what in prompts:
+        ids = lm_tokens(lm.tokenizers, prompt, what)
+        for _ in range(args.num_samples):
+            if texts:
+                show(SAMPLE_SEPARATOR + "\n")
+            show(prompt)
+            out, text = list(ids), prompt
+            for piece in continuation(lm.tokenizers.target, out, lm.sampled_ids(
+                    ids, args.max_new_tokens, args.temperature, args.top_k, args.top_p, generator)):
+                show(piece)
+                text += piece
+            show("\n")
+            texts.append(text + "\n")
+            first = first or out
+    if args.attention and first:
         write_figures(Path(args.attention), lambda figures: draw_lm_attention(
-            lm, outs[0], figures, "the prompt and its continuation"))
-    texts = [args.prompt + lm.tokenizers.target.decode(out[len(prompt):]) + "\n" for out in outs]
-    write_text(args.output, (SAMPLE_SEPARATOR + "\n").join(texts))
+            lm, first, figures, "the prompt and its continuation"))
+    if not shown:
+        write_text(args.output, (SAMPLE_SEPARATOR + "\n").join(texts))
+
+
+def prompts_given(args: argparse.Namespace):
+    """--prompt's text; with --prompt -, the whole of stdin, or, typed at a terminal, each line as it is
+    entered (until Ctrl-D)."""
+    if args.prompt != "-":
+        yield args.prompt, "the prompt"
+    elif not sys.stdin.isatty():
+        if not (text := read_input("-")):
+            raise ValueError("--prompt -: stdin is empty; the LM continues a text")
+        yield text, "--prompt - (stdin)"
+    else:
+        print("generate: continuing each line as you enter it; Ctrl-D to end", file=sys.stderr)
+        for number, raw in enumerate(iter(sys.stdin.buffer.readline, b""), 1):
+            if line := utf8_text(raw, "stdin", first_line=number).rstrip("\r\n"):
+                yield line, f"line {number}"
+            else:
+                print(f"generate: line {number}: empty; type a text for the LM to continue", file=sys.stderr)
 
 
 def main(argv=None):
@@ -303,7 +341,8 @@ def main(argv=None):
                              f"table: {', '.join(SCORE_COLUMNS)}. LM: a whole text's {', '.join(LM_SCORES)}, "
                              "as JSON")
     lm = parser.add_argument_group("language model (lm tasks)")
-    lm.add_argument("--prompt", help="the text to continue")
+    lm.add_argument("--prompt", help="the text to continue; - reads it from stdin (at a terminal: each line, "
+                                     "continued as soon as it is entered)")
     lm.add_argument("--max-new-tokens", type=int, default=200)
     lm.add_argument("--temperature", type=float, default=0.8)
     lm.add_argument("--top-k", type=int, default=0, help="0: no top-k filter")
@@ -338,12 +377,13 @@ def main(argv=None):
         elif args.score:
             score_text(args, LanguageModel(model, tokenizers, state["block_size"]))
         else:
-            continue_prompt(args, LanguageModel(model, tokenizers, state["block_size"]))
+            continue_prompts(args, LanguageModel(model, tokenizers, state["block_size"]), prompts_given(args))
     except (ValueError, FileNotFoundError, OSError) as err:
         print(f"generate: error: {err}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:  # the output file is written whole at the end, so there is nothing to clean up
-        shown = typed(args) and args.output == "-"  # each line's output, as it came
+        sampling = args.prompt is not None and not args.score
+        shown = args.output == "-" and (typed(args) or sampling)  # each output, as it came
         print("generate: interrupted" + ("" if shown else "; --output was not written"), file=sys.stderr)
         sys.exit(130)
 

@@ -9,6 +9,7 @@
 
     lm = load("models/shakespeare")
     lm.sample("ROMEO:", max_new_tokens=300, top_k=40, seed=1)
+    for piece in lm.stream("ROMEO:"): print(piece, end="", flush=True)    # a continuation, as it is drawn
     lm.score(text)                  # {"tokens": ..., "loss": ..., "perplexity": ..., "bits_per_char": ...}
 
 Each method takes one text (and returns one result) or a list of them (and returns a list). Input is read
@@ -20,6 +21,7 @@ range is a ``ValueError`` naming it. ``python -m lib.generate`` is the command l
 
 import unicodedata
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,10 +29,10 @@ import torch
 
 from lib import checkpoint
 from lib.data import Pairs, collate
-from lib.decoding import Hypothesis, sample, score_outputs, translate_n_best
+from lib.decoding import Hypothesis, sampled, score_outputs, translate_n_best
 from lib.distributed import device_named
 from lib.evaluation import text_metrics
-from lib.tokenizer import decode, encode_sources, special_ids, unknown_words
+from lib.tokenizer import continuation, decode, encode_sources, special_ids, unknown_words
 
 # What each option must be, by keyword: one table for this module's methods and for lib.generate's flags.
 RANGES = {
@@ -293,23 +295,29 @@ class LanguageModel:
         _warn(messages, "lm")
         return ids
 
-    def sample_ids(self, prompt: list[int], max_new_tokens: int = 200, temperature: float = 0.8, top_k: int = 0,
-                   top_p: float = 1.0, seed: int | torch.Generator = 0) -> list[int]:
-        """``sample`` on token ids: the prompt's followed by the new ones."""
+    def sampled_ids(self, prompt: list[int], max_new_tokens: int = 200, temperature: float = 0.8, top_k: int = 0,
+                    top_p: float = 1.0, seed: int | torch.Generator = 0) -> Iterator[int]:
+        """``stream`` on token ids: the new ones, each as it is drawn."""
         check(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
         generator = seed if isinstance(seed, torch.Generator) else torch.Generator().manual_seed(seed)
-        return sample(self.model, prompt, max_new_tokens, temperature, top_k, generator, self.block_size, top_p)
+        return sampled(self.model, prompt, max_new_tokens, temperature, top_k, generator, self.block_size, top_p)
+
+    def stream(self, prompt: str, max_new_tokens: int = 200, temperature: float = 0.8, top_k: int = 0,
+               top_p: float = 1.0, seed: int | torch.Generator = 0) -> Iterator[str]:
+        """``sample``'s continuation, as it is drawn: the pieces of text the new tokens add, one at a time
+        (``for piece in lm.stream("ROMEO:"): print(piece, end="", flush=True)``)."""
+        if not prompt:
+            raise ValueError("prompt: empty; the LM continues a text")
+        ids = self._ids(prompt, "the prompt")
+        return continuation(self.tokenizers.target, ids, self.sampled_ids(ids, max_new_tokens, temperature, top_k,
+                                                                           top_p, seed))
 
     def sample(self, prompt: str, max_new_tokens: int = 200, temperature: float = 0.8, top_k: int = 0,
                top_p: float = 1.0, seed: int | torch.Generator = 0) -> str:
         """The prompt and ``max_new_tokens`` more, drawn one at a time with ``temperature``, from the ``top_k``
         likeliest (0: all) and the nucleus of probability ``top_p`` (1: all). ``seed``: an int for a draw
         of its own, or a CPU ``torch.Generator`` to draw from (several samples from one, say)."""
-        if not prompt:
-            raise ValueError("prompt: empty; the LM continues a text")
-        ids = self._ids(prompt, "the prompt")
-        out = self.sample_ids(ids, max_new_tokens, temperature, top_k, top_p, seed)
-        return prompt + self.tokenizers.target.decode(out[len(ids):])
+        return prompt + "".join(self.stream(prompt, max_new_tokens, temperature, top_k, top_p, seed))
 
     def score(self, text: str) -> dict:
         """The LM's tokens, loss (nats a token), perplexity and bits per character on ``text``, as the

@@ -9,7 +9,7 @@ them the same ids.
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import torch
 from tokenizers import Encoding, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -150,6 +150,24 @@ def encode_text(tokenizer: Tokenizer, text: str) -> torch.Tensor:
 
 def decode(tokenizer: Tokenizer, ids: list[list[int]]) -> list[str]:
     return tokenizer.decode_batch(ids, skip_special_tokens=True)
+
+
+def continuation(tokenizer: Tokenizer, ids: list[int], tokens: Iterable[int], context: int = 8) -> Iterator[str]:
+    """The text that ``tokens`` add after ``ids`` (a prompt's), piece by piece as they come; each token is
+    appended to ``ids``. A piece is what the decoded text gains with the token, read in a window of the
+    ``context`` tokens before it (so a long prompt costs nothing): the new tokens decoded alone would lose
+    the space a Metaspace decoder drops at a text's start ("ROMEO" + "▁said" is "ROMEO said", but "▁said"
+    alone is "said"). A token that changes the text before it (none of ours does) waits for one that does
+    not."""
+    given = len(ids)  # the tokens whose text has been given
+    for token in tokens:
+        ids.append(token)
+        start = max(0, given - context)
+        before, text = tokenizer.decode(ids[start:given]), tokenizer.decode(ids[start:])
+        if text.startswith(before):
+            if piece := text[len(before):]:
+                yield piece
+            given = len(ids)
 
 
 def run(task: str, cfg: TokenizeConfig, data_dir: str | Path, out_dir: str | Path) -> Tokenizers:

@@ -44,3 +44,19 @@ def model_config(**overrides) -> ModelConfig:
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+class Terminal:
+    """stdin at a terminal: ``isatty``, and lines that arrive one at a time; ``before_each`` runs before
+    each line is read (and before the end of input)."""
+
+    def __init__(self, lines: list[bytes], before_each):
+        self.lines, self.before_each = iter(lines), before_each
+        self.buffer = self
+
+    def isatty(self) -> bool:
+        return True
+
+    def readline(self) -> bytes:
+        self.before_each()
+        return next(self.lines, b"")

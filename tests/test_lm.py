@@ -2,6 +2,7 @@
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -14,7 +15,7 @@ from lib.decoding import sample, top_k_filter
 from lib.model import TransformerLM
 from lib.optim import cosine_lr, weight_decay_groups
 from lib.tasks import run_prepare, shakespeare
-from tests.conftest import model_config
+from tests.conftest import Terminal, model_config
 
 PLAY = "".join(
     f"{name}:\nWhat say you, {other}, to this {thing}?\nI say the {thing} is fair.\n\n"
@@ -44,6 +45,14 @@ def lm_built(tmp_path_factory):
     reporting.run("shakespeare", LMReportConfig(passage_tokens=12), p["data"], p["tok"], p["model"], p["metrics"],
                   p["samples"], p["live"], p["report"], p["figures"])
     return p
+
+
+def models_dir(lm_built, tmp_path) -> Path:
+    """The trained LM laid out as `dvc repro` leaves it (model.pt and tokenizer/), for lib.generate --models."""
+    models = tmp_path / "models"
+    shutil.copytree(lm_built["tok"], models / "tokenizer")
+    shutil.copyfile(lm_built["model"], models / "model.pt")
+    return models
 
 
 @pytest.mark.parametrize("schedule, resumes", [("noam", True), ("cosine", False)])
@@ -248,9 +257,7 @@ def test_source_url_is_downloaded_and_an_unreachable_one_is_named(tmp_path):
 def test_generate_continues_a_prompt(tmp_path, lm_built, capsys):
     from lib import generate
 
-    models = tmp_path / "models"
-    shutil.copytree(lm_built["tok"], models / "tokenizer")
-    shutil.copyfile(lm_built["model"], models / "model.pt")
+    models = models_dir(lm_built, tmp_path)
     run = ["--task", "shakespeare", "--models", str(models), "--max-new-tokens", "25", "--top-k", "5"]
     generate.main(run + ["--prompt", "ROMEO:\n", "--top-p", "0.9", "--seed", "3"])
     first = capsys.readouterr().out
@@ -284,9 +291,7 @@ def test_generate_scores_a_text_over_every_token_after_the_first(tmp_path, lm_bu
 
     from lib import checkpoint, generate
 
-    models = tmp_path / "models"
-    shutil.copytree(lm_built["tok"], models / "tokenizer")
-    shutil.copyfile(lm_built["model"], models / "model.pt")
+    models = models_dir(lm_built, tmp_path)
     text = PLAY[:16 * 3 + 6]  # three blocks of 16 targets, then 5 more
     (tmp_path / "text.txt").write_text(text, encoding="utf-8")
     run = ["--task", "shakespeare", "--models", str(models)]
@@ -323,9 +328,7 @@ def test_a_language_model_loaded_from_python_samples_and_scores_as_the_command_l
     from lib import generate
     from lib.inference import LanguageModel, load
 
-    models = tmp_path / "models"
-    shutil.copytree(lm_built["tok"], models / "tokenizer")
-    shutil.copyfile(lm_built["model"], models / "model.pt")
+    models = models_dir(lm_built, tmp_path)
     lm = load(models)
     assert isinstance(lm, LanguageModel) and lm.block_size == 16
     run = ["--task", "shakespeare", "--models", str(models), "--prompt", "ROMEO:\n", "--max-new-tokens", "25",
@@ -335,6 +338,8 @@ def test_a_language_model_loaded_from_python_samples_and_scores_as_the_command_l
     assert lm.sample("ROMEO:\n", max_new_tokens=25, top_k=5, seed=3) + "\n" == written[0]
     generator = torch.Generator().manual_seed(3)
     assert [lm.sample("ROMEO:\n", max_new_tokens=25, top_k=5, seed=generator) + "\n" for _ in range(2)] == written
+    pieces = list(lm.stream("ROMEO:\n", max_new_tokens=25, top_k=5, seed=3))
+    assert len(pieces) == 25 and "ROMEO:\n" + "".join(pieces) + "\n" == written[0]  # a character a piece
 
     text = PLAY[:40]
     (tmp_path / "text.txt").write_text(text, encoding="utf-8")
@@ -352,6 +357,126 @@ def test_a_language_model_loaded_from_python_samples_and_scores_as_the_command_l
     for call, message in [(lambda: lm.sample("RO", temperature=0, top_p=1.5),
                            r"temperature 0: must be > 0; top_p 1.5: must be in \(0, 1\]"),
                           (lambda: lm.sample(""), "prompt: empty"),
+                          (lambda: lm.stream("RO", top_k=-1), "top_k -1: must be >= 0"),  # before a token is drawn
                           (lambda: lm.score("R"), r"the text: 1 token\(s\); scoring needs at least 2")]:
         with pytest.raises(ValueError, match=message):
             call()
+
+
+@pytest.mark.parametrize("kind", ["bpe", "word", "char"])
+def test_a_continuation_keeps_the_space_after_the_prompt(kind):
+    """The text an LM's new tokens add to its prompt is what the whole decoded text gains, a piece a token.
+    Decoded alone, the new tokens would lose the space before them: a Metaspace decoder drops a text's
+    first space, and words are joined by spaces only between them."""
+    cfg = TokenizeConfig(kind=kind, min_frequency=1, vocab_size=80 if kind == "bpe" else 0)
+    tok = tokenizer.train_tokenizer(cfg, PLAY.splitlines())
+    prompt, text = "ROMEO:", "ROMEO: What say you, friar,"
+    ids = tok.encode(prompt, add_special_tokens=False).ids
+    new = tok.encode(text, add_special_tokens=False).ids[len(ids):]
+    out = list(ids)
+    pieces = list(tokenizer.continuation(tok, out, iter(new)))
+    assert prompt + "".join(pieces) == text and len(pieces) == len(new) and out == ids + new
+    assert (prompt + tok.decode(new) == text) == (kind == "char")  # the new tokens decoded alone
+
+
+def test_generate_reads_the_prompt_from_stdin_and_shows_the_sample_as_it_is_drawn(tmp_path, lm_built, capsys,
+                                                                                  monkeypatch):
+    """--prompt - with stdin piped: the whole of it (newlines and all) is the prompt, continued as --prompt
+    TEXT is. On stdout the prompt comes first, then each piece as it is drawn, not all at the end."""
+    import io
+
+    from lib import generate
+
+    run = ["--task", "shakespeare", "--models", str(models_dir(lm_built, tmp_path)), "--max-new-tokens", "12",
+           "--top-k", "5", "--seed", "3"]
+    prompt = "ROMEO:\nWhat say"
+    generate.main(run + ["--prompt", prompt])
+    expected = capsys.readouterr().out
+
+    seen = []  # stdout as each piece is drawn
+    drawn = generate.continuation
+
+    def watched(*args):
+        for piece in drawn(*args):
+            seen.append(capsys.readouterr().out)
+            yield piece
+
+    monkeypatch.setattr(generate, "continuation", watched)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(prompt.encode())))
+    generate.main(run + ["--prompt", "-"])
+    seen.append(capsys.readouterr().out)
+    assert "".join(seen) == expected
+    assert seen[0] == prompt and [len(s) for s in seen[1:]] == [1] * 11 + [2]  # then the last piece and "\n"
+
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"")))
+    with pytest.raises(SystemExit) as exit_info:
+        generate.main(run + ["--prompt", "-"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == "generate: error: --prompt -: stdin is empty; the LM continues a text\n"
+
+
+def test_generate_continues_each_line_typed_at_a_terminal_as_it_is_entered(tmp_path, lm_built, capsys, monkeypatch):
+    """--prompt - at a terminal: each line is a prompt, its samples shown before the next line is read, all
+    drawn from the one seeded generator; an empty line is skipped with a word, an unreadable character named
+    by its line; an --output file is written at the end. Ctrl-C keeps what was shown."""
+    import warnings
+
+    from lib import generate
+    from lib.inference import load
+
+    models = models_dir(lm_built, tmp_path)
+    run = ["--task", "shakespeare", "--models", str(models), "--max-new-tokens", "12", "--top-k", "5", "--seed", "3",
+           "--num-samples", "2", "--prompt", "-"]
+    typed = ["ROMEO", "", "JU☃", "FRIAR:"]
+    captured = []  # stdout and stderr before each line is read, then at the end
+    monkeypatch.setattr(sys, "stdin", Terminal([line.encode() + b"\n" for line in typed],
+                                               lambda: captured.append(capsys.readouterr())))
+    generate.main(run + ["--attention", str(tmp_path / "att")])
+    captured.append(capsys.readouterr())
+    shown, err = [c.out for c in captured], "".join(c.err for c in captured)
+
+    lm, generator, separator = load(models), torch.Generator().manual_seed(3), generate.SAMPLE_SEPARATOR + "\n"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the <unk> in line 3, named by generate below
+        s = [lm.sample(p, max_new_tokens=12, top_k=5, seed=generator) + "\n" for p in ["ROMEO"] * 2 + ["JU☃"] * 2
+             + ["FRIAR:"] * 2]
+    assert shown == ["", s[0] + separator + s[1], "", separator + s[2] + separator + s[3],
+                     separator + s[4] + separator + s[5], ""]
+    assert "continuing each line as you enter it; Ctrl-D to end" in err
+    assert "generate: line 2: empty; type a text for the LM to continue" in err
+    assert "generate: line 3: not in the model's vocabulary, read as <unk>: '☃'" in err
+    assert "The first 16 tokens of the prompt" in (tmp_path / "att" / "attention.md").read_text()
+
+    monkeypatch.setattr(sys, "stdin", Terminal([line.encode() + b"\n" for line in typed], lambda: None))
+    generate.main(run + ["--output", str(tmp_path / "out.txt")])
+    assert capsys.readouterr().out == "" and (tmp_path / "out.txt").read_text(encoding="utf-8") == separator.join(s)
+
+    def ctrl_c_at(line: int):
+        reads = []
+
+        def read():
+            reads.append(len(reads) + 1)
+            if reads[-1] == line:
+                raise KeyboardInterrupt
+        return read
+
+    monkeypatch.setattr(sys, "stdin", Terminal([line.encode() + b"\n" for line in typed], ctrl_c_at(2)))
+    with pytest.raises(SystemExit) as exit_info:
+        generate.main(run)
+    out, err = capsys.readouterr()
+    assert exit_info.value.code == 130 and out == s[0] + separator + s[1]
+    assert err.splitlines()[-1] == "generate: interrupted"
+
+
+def test_the_readmes_python_example_for_the_lm_runs(tmp_path, lm_built, capsys):
+    """README, "From Python": its LM part, on the tiny LM trained here; the streamed sample is printed."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    code = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    code = 'from lib.inference import load\n' + code[code.index('lm = load("models/shakespeare")'):]
+    assert '"sonnets.txt"' in code and "lm.stream(" in code
+    (tmp_path / "sonnets.txt").write_text(PLAY[:200], encoding="utf-8")
+    code = code.replace('"models/shakespeare"', repr(str(models_dir(lm_built, tmp_path))))
+    code = code.replace('"sonnets.txt"', repr(str(tmp_path / "sonnets.txt")))
+    with pytest.warns(UserWarning, match="read as <unk>: 'l'"):  # the tiny play has no "l" for "What light"
+        exec(compile(code, "README.md", "exec"), {})
+    assert len(capsys.readouterr().out) == 200  # the default max_new_tokens, a character each

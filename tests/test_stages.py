@@ -23,7 +23,7 @@ from lib.data import collate, read_split, read_text
 from lib.masks import padding_mask, target_mask
 from lib.optim import smoothed_loss_floor
 from lib.tasks import cumsum, run_prepare
-from tests.conftest import ROOT, TINY_PARAMS
+from tests.conftest import ROOT, TINY_PARAMS, Terminal
 
 
 @pytest.fixture(scope="module")
@@ -608,22 +608,6 @@ def test_loading_onto_a_device_that_is_not_here_names_the_device(built):
             load(built["model"].parent, device="cuda")
     assert next(load(built["model"].parent, device="auto").model.parameters()).device.type == (
         "cuda" if torch.cuda.is_available() else "cpu")
-
-
-class Terminal:
-    """stdin at a terminal: ``isatty``, and lines that arrive one at a time; ``before_each`` runs before
-    each line is read (and before the end of input)."""
-
-    def __init__(self, lines: list[bytes], before_each):
-        self.lines, self.before_each = iter(lines), before_each
-        self.buffer = self
-
-    def isatty(self) -> bool:
-        return True
-
-    def readline(self) -> bytes:
-        self.before_each()
-        return next(self.lines, b"")
 
 
 @pytest.mark.parametrize("options", [[], ["--beam-size", "2", "--n-best", "2"]])
