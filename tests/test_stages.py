@@ -671,4 +671,4 @@ def test_the_tour_runs_as_written():
     import doctest
 
     result = doctest.testfile(str(ROOT / "docs" / "tour.md"), module_relative=False, report=True)
-    assert result.attempted > 30 and result.failed == 0
+    assert result.attempted > 60 and result.failed == 0
