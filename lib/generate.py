@@ -378,6 +378,9 @@ def main(argv=None):
             score_text(args, LanguageModel(model, tokenizers, state["block_size"]))
         else:
             continue_prompts(args, LanguageModel(model, tokenizers, state["block_size"]), prompts_given(args))
+    except BrokenPipeError:  # the reader of stdout stopped early (`| head`): what it took was what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the flush at exit cannot fail again
+        sys.exit(1)
     except (ValueError, FileNotFoundError, OSError) as err:
         print(f"generate: error: {err}", file=sys.stderr)
         sys.exit(2)

@@ -480,3 +480,17 @@ def test_the_readmes_python_example_for_the_lm_runs(tmp_path, lm_built, capsys):
     with pytest.warns(UserWarning, match="read as <unk>: 'l'"):  # the tiny play has no "l" for "What light"
         exec(compile(code, "README.md", "exec"), {})
     assert len(capsys.readouterr().out) == 200  # the default max_new_tokens, a character each
+
+
+def test_generate_stops_quietly_when_the_reader_of_stdout_does(tmp_path, lm_built):
+    """`| head`: the sample is streamed, so the reader closing the pipe meets a write; exit 1 and no message
+    (not `generate: error: [Errno 32] Broken pipe`)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    command = [sys.executable, "-m", "lib.generate", "--task", "shakespeare", "--models",
+               str(models_dir(lm_built, tmp_path)), "--prompt", "RO", "--max-new-tokens", "3000"]
+    process = subprocess.Popen(command, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert process.stdout.read(10).startswith(b"RO")
+    process.stdout.close()
+    assert process.wait(timeout=120) == 1 and process.stderr.read() == b""
