@@ -309,8 +309,8 @@ class LanguageModel:
         if not prompt:
             raise ValueError("prompt: empty; the LM continues a text")
         ids = self._ids(prompt, "the prompt")
-        return continuation(self.tokenizers.target, ids, self.sampled_ids(ids, max_new_tokens, temperature, top_k,
-                                                                           top_p, seed))
+        tokens = self.sampled_ids(ids, max_new_tokens, temperature, top_k, top_p, seed)
+        return continuation(self.tokenizers.target, list(ids), tokens)  # a copy: it grows, the prompt may not
 
     def sample(self, prompt: str, max_new_tokens: int = 200, temperature: float = 0.8, top_k: int = 0,
                top_p: float = 1.0, seed: int | torch.Generator = 0) -> str:
