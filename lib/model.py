@@ -284,6 +284,28 @@ def build_model(cfg: ModelConfig, kind: str, src_vocab_size: int, tgt_vocab_size
     raise ValueError(f"unknown model kind {kind!r}")
 
 
+# Where a model's parameters sit, by the paper's parts, matched on the names of the modules that hold them.
+PARTS = (("positions", "positions"), ("embeddings", "embed"), ("attention", "attn"), ("feed-forward", "feed_forward"),
+         ("LayerNorm", "norm"), ("output layer", "generator"))
+
+
+def parameter_counts(model: nn.Module) -> dict[str, int]:
+    """Trainable parameters by part (``PARTS``, in that order; a part with none left out) and ``total``.
+
+    A tied matrix is one tensor, counted once, under the first module that holds it: the embeddings. So
+    a tied output layer adds only its bias; sinusoidal positions, RoPE and ALiBi add none.
+    """
+    counts = dict.fromkeys((part for part, _ in PARTS), 0)
+    for name, p in model.named_parameters():  # each shared tensor once
+        modules = name.split(".")[:-1]
+        part = next((part for part, key in PARTS if any(key in module for module in modules)), None)
+        if part is None:
+            raise ValueError(f"parameter {name}: not in any of the parts {[part for part, _ in PARTS]}")
+        counts[part] += p.numel()
+    counts = {part: n for part, n in counts.items() if n}
+    return {**counts, "total": sum(counts.values())}
+
+
 @torch.no_grad()
 def repeats_input(model: nn.Module, ids: "SpecialIds", batch: int = 64, length: int = 16) -> float:
     """The share of positions whose top prediction is the token the model was just given, on random tokens

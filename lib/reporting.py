@@ -19,6 +19,7 @@ from lib import checkpoint  # noqa: E402
 from lib.config import ConfigError, flatten  # noqa: E402
 from lib.data import collate, read_split, read_text  # noqa: E402
 from lib.masks import padding_mask, target_mask  # noqa: E402
+from lib.model import parameter_counts  # noqa: E402
 from lib.optim import smoothed_loss_floor  # noqa: E402
 from lib.tasks import TASKS, get_task  # noqa: E402
 from lib.tokenizer import encode_pairs, encode_text, special_ids  # noqa: E402
@@ -80,10 +81,10 @@ def write_index(reports_dir: Path):
 CURVES = ("train/loss", "train/grad_norm", "train/lr", "eval/train_loss", "valid/loss")
 
 
-def read_curves(live_dir: Path) -> dict[str, pd.DataFrame | None]:
-    """Each of ``CURVES`` as (step, value) rows; None for one that was not logged."""
-    curves = dict.fromkeys(CURVES)
-    for name in CURVES:
+def read_curves(live_dir: Path, names: tuple[str, ...] = CURVES) -> dict[str, pd.DataFrame | None]:
+    """Each of ``names`` as (step, value) rows; None for one that was not logged."""
+    curves = dict.fromkeys(names)
+    for name in names:
         path = live_dir / "plots" / "metrics" / f"{name}.tsv"
         if path.is_file():
             frame = pd.read_csv(path, sep="\t")
@@ -161,6 +162,64 @@ def model_line(state: dict) -> str:
         return (f"Model: the average of the last {state['averaged_epochs']} epochs' weights, up to step "
                 f"{state['step']}, validation loss {state['valid_loss']:.4f} (better than any single epoch's).")
     return f"Best model: step {state['step']}, validation loss {state['valid_loss']:.4f}."
+
+
+POSITIONS = {
+    "sinusoidal": "sinusoidal positions added to the embeddings (sec. 3.5)",
+    "learned": "learned positions, a vector for each of the first max_len, added to the embeddings",
+    "rope": "rotary positions (RoPE): the queries and keys turned by their positions, no position vectors",
+    "alibi": "ALiBi: attention scores lowered in proportion to the distance, no position vectors",
+}
+
+
+def architecture(cfg, state: dict) -> str:
+    """The model of ``state`` (model.pt's contents), ``cfg`` its ModelConfig, in a sentence."""
+    if state["kind"] == "lm":
+        shape = f"A decoder-only language model of {cfg.decoder_layers} layer{'s' * (cfg.decoder_layers != 1)}"
+    else:
+        shape = (f"An encoder-decoder of {cfg.encoder_layers} encoder and {cfg.decoder_layers} decoder "
+                 f"layer{'s' * (cfg.decoder_layers != 1)}")
+    norm = "Pre-LN, with a final LayerNorm" if cfg.norm_first else "Post-LN, as in the paper"
+    dropout = f"dropout {cfg.dropout}" if cfg.dropout else "no dropout"
+    if cfg.activation_dropout:
+        dropout += f" ({cfg.activation_dropout} on the feed-forward's activation)"
+    widths = (f"d_model {cfg.d_model}, {cfg.n_heads} heads of width {cfg.d_model // cfg.n_heads}, a ReLU "
+              f"feed-forward of width {cfg.d_ff}, {dropout}" + ("" if cfg.bias else ", no biases"))
+    source, target = state["src_vocab_size"], state["tgt_vocab_size"]
+    if state["kind"] == "lm":
+        vocabulary = f"a vocabulary of {target:,} tokens"
+        tie = ", one matrix for the embedding and the output layer (tied)"
+    elif state["joint_vocab"]:
+        vocabulary = f"one vocabulary of {target:,} tokens for source and target"
+        tie = ", one matrix for the source embedding, the target embedding and the output layer (tied, sec. 3.4)"
+    else:
+        vocabulary = f"vocabularies of {source:,} (source) and {target:,} (target) tokens"
+        tie = ", one matrix for the target embedding and the output layer (tied)"
+    return (f"{shape}, {norm}: {widths}; {POSITIONS[cfg.positional]}; {vocabulary}"
+            f"{tie if cfg.tie_embeddings else ', embeddings and output layer untied'}.")
+
+
+def model_section(model, state: dict, live_dir: Path) -> list[str]:
+    """What was trained: the architecture, where its parameters are, and how long and fast it trained."""
+    counts = parameter_counts(model)
+    total = counts["total"]
+    table = pd.DataFrame({"part": list(counts), "parameters": [f"{n:,}" for n in counts.values()],
+                          "share": [f"{100 * n / total:.1f}%" for n in counts.values()]})
+    lines = ["## Model", "", architecture(model.cfg, state), "",
+             table.to_markdown(index=False, colalign=("left", "right", "right"), disable_numparse=True), ""]
+    if model.cfg.tie_embeddings:
+        own = ": only its bias is its own" if model.cfg.bias else ""
+        lines += [f"The tied output layer's weights are the embedding's, counted there{own}.", ""]
+    logged = read_curves(live_dir, ("train/tokens_per_s", "train/mfu", "epoch"))
+    speed, mfu, epoch = logged["train/tokens_per_s"], logged["train/mfu"], logged["epoch"]
+    trained = f"Trained for {speed['step'].iloc[-1]:,} steps"
+    if epoch is not None:  # the encoder-decoder's
+        trained += f" ({epoch['value'].iloc[-1]} epochs)"
+    tokens = "source and target tokens" if state["kind"] == "seq2seq" else "tokens"
+    trained += f", at a median {speed['value'].median():,.0f} {tokens} a second"
+    if mfu is not None:
+        trained += f" ({100 * mfu['value'].median():.0f}% of the hardware's peak FLOPs, train.peak_tflops)"
+    return lines + [trained + ".", ""]
 
 
 def validation_caption(valid: pd.DataFrame | None, kind: str) -> str:
@@ -420,6 +479,7 @@ def run(task, cfg, data_dir, tokenizer_dir, model_path, metrics_path, samples_pa
     lines = [
         f"# {task}: report", "",
         model_line(state), "",
+        *model_section(model, state, live_dir),
         "## Metrics", "", metrics_table(metrics), "",
         "## Training curves", "", f"![loss curves, gradient norm and learning rate]({rel}/loss.png)", "",
         curves_caption(first_loss, state["tgt_vocab_size"], smoothing, floor, state.get("initial_repeats_input"),

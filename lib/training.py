@@ -33,7 +33,7 @@ from lib.config import ConfigError, LMTrainConfig, TrainConfig, flatten
 from lib.data import Pairs, collate, read_split, read_text, to_device, token_budget_batches
 from lib.masks import padding_mask, target_mask
 from lib.metrics import PRECISION_DTYPES, matmul_peak, perplexity, speed, training_flops
-from lib.model import build_model, repeats_input
+from lib.model import build_model, parameter_counts, repeats_input
 from lib.optim import cosine_lr, generator_nll, noam_lr, weight_decay_groups
 from lib.tasks import get_task
 from lib.tokenizer import SpecialIds, encode_pairs, encode_text, load_tokenizers, special_ids
@@ -212,6 +212,8 @@ class Session:
         torch.manual_seed(cfg.seed)
         self.model = build_model(cfg.model, self.kind, **self.vocab)
         self.model.to(self.device)
+        *parts, (_, total) = parameter_counts(self.model).items()
+        log.info("model: %s parameters (%s)", f"{total:,}", ", ".join(f"{part} {n:,}" for part, n in parts))
         # What the model file records of how it was trained, beside its step and validation loss, for the
         # report: the label smoothing (the least loss it lets the training loss reach), and how often the
         # untrained model predicted the token it was given (a cause of a first loss far above ln V).

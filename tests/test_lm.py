@@ -188,6 +188,8 @@ def test_lm_stages_write_metrics_samples_and_report(lm_built):
         assert Path(lm_built["report"].parent / link).read_bytes()[:4] == b"\x89PNG"
     assert "self_attention.png" in text and "```" in text
     assert "label-smoothed" not in text  # the LM trains on plain cross-entropy: no floor to explain
+    assert "A decoder-only language model of " in text and " tokens a second." in text
+    assert "source and target" not in text
 
 
 def test_prompts_and_passage_that_the_model_cannot_take_are_named(lm_built, tmp_path):

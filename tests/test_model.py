@@ -9,7 +9,7 @@ from torch import nn
 
 from lib.masks import causal_mask, padding_mask, target_mask
 from lib.model import (DecoderLayer, EncoderLayer, SinusoidalPositionalEncoding, Transformer, TransformerLM,
-                       build_model, repeats_input)
+                       build_model, parameter_counts, repeats_input)
 from lib.optim import label_smoothed_nll
 from lib.tokenizer import SpecialIds
 from tests.conftest import model_config
@@ -131,6 +131,35 @@ def test_weight_tying():
     assert separate.src_embed.tokens.weight is not separate.tgt_embed.tokens.weight
     lm = build_model(model_config(tie_embeddings=True), "lm", 30, 30, joint_vocab=True)
     assert lm.generator.weight is lm.embed.tokens.weight
+
+
+@pytest.mark.parametrize("kind, joint, tie, positional, bias", [
+    ("seq2seq", True, True, "sinusoidal", True), ("seq2seq", True, False, "learned", True),
+    ("seq2seq", False, True, "rope", False), ("lm", True, True, "alibi", True), ("lm", True, False, "learned", False),
+])
+def test_parameter_counts_are_the_closed_form_and_count_a_tied_matrix_once(kind, joint, tie, positional, bias):
+    C, F, L, V, S = 32, 64, 64, 30, 40  # width, feed-forward, max_len, target and source vocabularies
+    cfg = model_config(tie_embeddings=tie, positional=positional, bias=bias, norm_first=True)
+    model = build_model(cfg, kind, S if not joint else V, V, joint_vocab=joint)
+    counts = parameter_counts(model)
+    assert counts["total"] == sum(p.numel() for p in model.parameters())  # torch's count, shared tensors once
+    assert counts["total"] == sum(n for part, n in counts.items() if part != "total")
+
+    attention, feed_forward, norm = 4 * C * C + bias * 4 * C, 2 * C * F + bias * (F + C), C + bias * C
+    if kind == "lm":  # one self-attention a layer, the final LayerNorm of Pre-LN
+        layers = {"attention": 2 * attention, "feed-forward": 2 * feed_forward, "LayerNorm": (2 * 2 + 1) * norm}
+        tables, untied = V * C, V * C
+        positions = L * C
+    else:  # the decoder's layers attend twice and normalise three times; a final LayerNorm per stack
+        layers = {"attention": 3 * 2 * attention, "feed-forward": 4 * feed_forward,
+                  "LayerNorm": (2 * 2 + 2 * 3 + 2) * norm}
+        tables = V * C if joint else (S + V) * C  # one vocabulary: one table for both sides, if tied
+        untied = 2 * V * C if joint else (S + V) * C
+        positions = 2 * L * C
+    assert counts["embeddings"] == (tables if tie else untied)
+    assert counts.get("positions", 0) == (positions if positional == "learned" else 0)  # none: left out
+    assert {part: counts[part] for part in layers} == layers
+    assert counts.get("output layer", 0) == (0 if tie else V * C) + bias * V
 
 
 @pytest.mark.parametrize("norm_first", [True, False])

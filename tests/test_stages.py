@@ -21,6 +21,7 @@ from lib import checkpoint, evaluation, reporting, tokenizer, training
 from lib.config import ConfigError, stage_config
 from lib.data import collate, read_split, read_text
 from lib.masks import padding_mask, target_mask
+from lib.model import parameter_counts
 from lib.optim import smoothed_loss_floor
 from lib.tasks import cumsum, run_prepare
 from tests.conftest import ROOT, TINY_PARAMS, Terminal
@@ -169,6 +170,27 @@ def test_the_report_says_whether_model_pt_is_one_epoch_or_an_average():
     averaged = reporting.model_line({"step": 7130, "valid_loss": 1.57377, "averaged_epochs": 5})
     assert averaged.startswith("Model: the average of the last 5 epochs' weights, up to step 7130, validation "
                                "loss 1.5738")
+
+
+def test_the_report_says_what_was_trained_and_where_its_parameters_are(built):
+    text = built["report"].read_text()
+    model, _, state = checkpoint.load_trained(built["model"], built["tokenizer"])
+    cfg, counts = model.cfg, parameter_counts(model)
+    section = text.split("## Model\n\n")[1].split("## Metrics")[0]
+    assert (cfg.encoder_layers, cfg.decoder_layers) == (1, 1)  # TINY_PARAMS: "layer", not "layers"
+    assert section.startswith(f"An encoder-decoder of 1 encoder and 1 decoder layer, Post-LN, as in the paper: "
+                              f"d_model {cfg.d_model}, {cfg.n_heads} heads of width {cfg.d_model // cfg.n_heads}, "
+                              f"a ReLU feed-forward of width {cfg.d_ff}")
+    assert f"one vocabulary of {state['tgt_vocab_size']} tokens for source and target, one matrix for" in section
+    rows = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in section.splitlines()
+            if line.startswith("| ") and not line.startswith("| part")}
+    assert rows == {part: f"{n:,}" for part, n in counts.items()}
+    assert "The tied output layer's weights are the embedding's, counted there: only its bias is its own." in section
+    logged = built["live"] / "plots" / "metrics"
+    speed = pd.read_csv(logged / "train" / "tokens_per_s.tsv", sep="\t")
+    epochs = pd.read_csv(logged / "epoch.tsv", sep="\t")["epoch"].iloc[-1]
+    assert (f"Trained for {speed['step'].iloc[-1]:,} steps ({epochs} epochs), at a median "
+            f"{speed['tokens_per_s'].median():,.0f} source and target tokens a second.") in section
 
 
 def test_report_links_only_existing_pngs(built):
