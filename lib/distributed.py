@@ -8,8 +8,8 @@ checkpoints, metrics and logs (the others log warnings and errors only).
 Backends: nccl on CUDA, gloo on CPU.
 
     torchrun --standalone --nproc_per_node 8 -m stages.train multi30k ...        # 8 GPUs, one machine
-    torchrun --nnodes 2 --node_rank R --nproc_per_node 8 \\
-             --rdzv_backend c10d --rdzv_endpoint HOST:29500 -m stages.train ...   # 2 machines
+    torchrun --nnodes 2 --nproc_per_node 8 \\
+             --rdzv_backend c10d --rdzv_endpoint HOST:29500 -m stages.train ...   # 2 machines, the same on each
 """
 
 import contextlib
@@ -118,6 +118,8 @@ def barrier(ctx: Context):
 def leave(ctx: Context):
     """Destroy the process group once training is done, on every process. Left to the interpreter's
     exit, gloo's worker threads may still hold tensors while Python shuts down, and a process that has
-    finished its work aborts (SIGABRT): seen here twice in eight test-suite runs (pytorch#179291)."""
+    finished its work aborts (SIGABRT): seen here twice in eight test-suite runs (pytorch#179291). Even
+    after this, the interpreter's teardown aborted a finished process now and then, so a stage under
+    torchrun ends without it (``lib.cli._exit``)."""
     if ctx.world > 1 and dist.is_initialized():
         dist.destroy_process_group()

@@ -178,7 +178,7 @@ def architecture(cfg, state: dict) -> str:
         shape = f"A decoder-only language model of {cfg.decoder_layers} layer{'s' * (cfg.decoder_layers != 1)}"
     else:
         shape = (f"An encoder-decoder of {cfg.encoder_layers} encoder and {cfg.decoder_layers} decoder "
-                 f"layer{'s' * (cfg.decoder_layers != 1)}")
+                 f"layer{'s' * ((cfg.encoder_layers, cfg.decoder_layers) != (1, 1))}")
     norm = "Pre-LN, with a final LayerNorm" if cfg.norm_first else "Post-LN, as in the paper"
     dropout = f"dropout {cfg.dropout}" if cfg.dropout else "no dropout"
     if cfg.activation_dropout:

@@ -3,6 +3,7 @@ encoder-decoder (token-budget batches, sharded by rows) and the LM (random block
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 
@@ -14,21 +15,27 @@ from lib import checkpoint
 from tests.conftest import ROOT
 
 
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def stage_command(tmp_path, params_path, out, task="cumsum") -> list[str]:
+    """The train stage's arguments after python: tmp_path's data and tokenizer, outputs in ``out``."""
+    return ["-m", "stages.train", task, "--data", str(tmp_path / "data"), "--tokenizer", str(tmp_path / "tok"),
+            "--model", str(out / "model.pt"), "--checkpoints", str(out / "ckpt"), "--live", str(out / "live"),
+            "--params", str(params_path)]
+
+
 def train(tmp_path, params_path, name, processes, task="cumsum", log=None):
     """Run the train stage into tmp_path/name (1 process, or torchrun's ``processes``); ``log``: a list
     that gets its stderr."""
     out = tmp_path / name
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)]
-    command = [*(launcher if processes > 1 else [sys.executable]), "-m", "stages.train", task,
-               "--data", str(tmp_path / "data"), "--tokenizer", str(tmp_path / "tok"),
-               "--model", str(out / "model.pt"), "--checkpoints", str(out / "ckpt"), "--live", str(out / "live"),
-               "--params", str(params_path)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
+    command = [*(launcher if processes > 1 else [sys.executable]), *stage_command(tmp_path, params_path, out, task)]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=ENV, timeout=300)
     if processes > 1 and result.returncode != 0 and "Address already in use" in result.stderr:
         # torchrun finds a free port, lets go of it and binds it again: another process can take it in
         # between (pytorch/pytorch#126510). A launch lost to that race says nothing of our code: once more.
-        result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
+        result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=ENV, timeout=300)
     # A failing rank's reason (a C++ exception, say) comes first; torchrun's summary of it comes last.
     assert result.returncode == 0, result.stderr[:3000] + "\n...\n" + result.stderr[-1500:]
     if log is not None:
@@ -85,6 +92,39 @@ def assert_same_model(path, other_path):
 def test_two_processes_train_the_same_model_as_one(runs):
     single, ddp = runs
     assert_same_model(single / "model.pt", ddp / "model.pt")
+
+
+def test_two_machines_meeting_at_a_rendezvous_train_the_same_model_as_one(runs):
+    """The README's two-machine command, both "machines" here: two launchers of the same command, one process
+    each, that find each other at a c10d rendezvous endpoint (which numbers them as they arrive: rank 0 may be
+    either) and write to one (shared) directory."""
+    single, ddp = runs
+    root = ddp.parent
+    out = root / "two-machines"
+
+    def launch():
+        with socket.socket() as s:  # a port free now, for the rendezvous store that the first node to arrive opens
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        nodes = [subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
+             "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "test",
+             *stage_command(root, root / "params.yaml", out)],
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV) for _ in range(2)]
+        try:
+            return nodes, [node.communicate(timeout=300)[1] for node in nodes]
+        finally:
+            for node in nodes:
+                node.kill()
+
+    nodes, logs = launch()
+    if any(node.returncode for node in nodes) and any("Address already in use" in log for log in logs):
+        nodes, logs = launch()  # a free port taken between our look and torchrun's bind, as in ``train``
+    assert [node.returncode for node in nodes] == [0, 0], "\n".join(f"launcher {i}: ...{log[-2500:]}"
+                                                                 for i, log in enumerate(logs))
+    assert_same_model(single / "model.pt", out / "model.pt")
+    assert written(out) == written(single)  # one writer, on whichever machine holds rank 0
+    assert sum(log.count("stopped: trained 1 epoch") for log in logs) == 1
 
 
 def test_raising_epochs_resumes_under_torchrun(runs):

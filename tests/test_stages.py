@@ -24,7 +24,7 @@ from lib.masks import padding_mask, target_mask
 from lib.model import parameter_counts
 from lib.optim import smoothed_loss_floor
 from lib.tasks import cumsum, run_prepare
-from tests.conftest import ROOT, TINY_PARAMS, Terminal
+from tests.conftest import ROOT, TINY_PARAMS, Terminal, model_config
 
 
 @pytest.fixture(scope="module")
@@ -191,6 +191,25 @@ def test_the_report_says_what_was_trained_and_where_its_parameters_are(built):
     epochs = pd.read_csv(logged / "epoch.tsv", sep="\t")["epoch"].iloc[-1]
     assert (f"Trained for {speed['step'].iloc[-1]:,} steps ({epochs} epochs), at a median "
             f"{speed['tokens_per_s'].median():,.0f} source and target tokens a second.") in section
+
+
+def test_the_model_section_gives_the_mfu_when_training_measured_it(tmp_path):
+    """train.peak_tflops set: the medians of the logged tokens a second and MFU; an LM has no epochs."""
+    from lib.model import build_model
+
+    metrics = tmp_path / "plots" / "metrics" / "train"
+    metrics.mkdir(parents=True)
+    (metrics / "tokens_per_s.tsv").write_text("step\ttokens_per_s\n1\t900\n2\t1000\n3\t5000\n")
+    (metrics / "mfu.tsv").write_text("step\tmfu\n1\t0.4\n2\t0.52\n3\t0.6\n")
+    model = build_model(model_config(tie_embeddings=False, bias=False, dropout=0.2), "lm", 50, 50, True)
+    lines = reporting.model_section(model, {"kind": "lm", "src_vocab_size": 50, "tgt_vocab_size": 50,
+                                            "joint_vocab": True}, tmp_path)
+    assert lines[2] == ("A decoder-only language model of 2 layers, Post-LN, as in the paper: d_model 32, 4 heads of "
+                        "width 8, a ReLU feed-forward of width 64, dropout 0.2, no biases; sinusoidal positions added "
+                        "to the embeddings (sec. 3.5); a vocabulary of 50 tokens, embeddings and output layer untied.")
+    assert "| output layer |        1,600 |" in lines[4] and "tied output layer" not in "".join(lines)
+    assert lines[-2] == ("Trained for 3 steps, at a median 1,000 tokens a second (52% of the hardware's peak FLOPs, "
+                         "train.peak_tflops).")
 
 
 def test_report_links_only_existing_pngs(built):
