@@ -21,7 +21,7 @@ from lib import checkpoint, evaluation, reporting, tokenizer, training
 from lib.config import ConfigError, stage_config
 from lib.data import collate, read_split, read_text
 from lib.masks import padding_mask, target_mask
-from lib.model import parameter_counts
+from lib.model import build_model, parameter_counts
 from lib.optim import smoothed_loss_floor
 from lib.tasks import cumsum, run_prepare
 from tests.conftest import ROOT, TINY_PARAMS, Terminal, model_config
@@ -195,8 +195,6 @@ def test_the_report_says_what_was_trained_and_where_its_parameters_are(built):
 
 def test_the_model_section_gives_the_mfu_when_training_measured_it(tmp_path):
     """train.peak_tflops set: the medians of the logged tokens a second and MFU; an LM has no epochs."""
-    from lib.model import build_model
-
     metrics = tmp_path / "plots" / "metrics" / "train"
     metrics.mkdir(parents=True)
     (metrics / "tokens_per_s.tsv").write_text("step\ttokens_per_s\n1\t900\n2\t1000\n3\t5000\n")
