@@ -26,7 +26,7 @@ def _exit(status: int):
     without an active exception", SIGABRT) after the process group was destroyed, and torchrun then reports
     the whole run failed. By then everything is written: the model and checkpoints atomically, dvclive's
     files closed."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # read here, not through lib.distributed: every stage uses cli
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()

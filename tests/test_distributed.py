@@ -31,16 +31,27 @@ def train(tmp_path, params_path, name, processes, task="cumsum", log=None):
     out = tmp_path / name
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)]
     command = [*(launcher if processes > 1 else [sys.executable]), *stage_command(tmp_path, params_path, out, task)]
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=ENV, timeout=300)
-    if processes > 1 and result.returncode != 0 and "Address already in use" in result.stderr:
-        # torchrun finds a free port, lets go of it and binds it again: another process can take it in
-        # between (pytorch/pytorch#126510). A launch lost to that race says nothing of our code: once more.
+
+    def run():
         result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=ENV, timeout=300)
+        return [result.returncode], [result.stderr]
+
+    (code,), (stderr,) = launched(run) if processes > 1 else run()
     # A failing rank's reason (a C++ exception, say) comes first; torchrun's summary of it comes last.
-    assert result.returncode == 0, result.stderr[:3000] + "\n...\n" + result.stderr[-1500:]
+    assert code == 0, stderr[:3000] + "\n...\n" + stderr[-1500:]
     if log is not None:
-        log.append(result.stderr)
+        log.append(stderr)
     return out
+
+
+def launched(launch):
+    """``launch()``'s (return codes, stderr texts) of torchrun launchers, launched once more when torchrun lost
+    the race for its port: it finds a free port, lets go of it and binds it again, and another process can
+    take it in between (pytorch/pytorch#126510). A launch lost to that race says nothing of our code."""
+    codes, logs = launch()
+    if any(codes) and any("Address already in use" in log for log in logs):
+        codes, logs = launch()
+    return codes, logs
 
 
 def written(root):
@@ -112,16 +123,14 @@ def test_two_machines_meeting_at_a_rendezvous_train_the_same_model_as_one(runs):
              *stage_command(root, root / "params.yaml", out)],
             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV) for _ in range(2)]
         try:
-            return nodes, [node.communicate(timeout=300)[1] for node in nodes]
+            logs = [node.communicate(timeout=300)[1] for node in nodes]
         finally:
             for node in nodes:
                 node.kill()
+        return [node.returncode for node in nodes], logs
 
-    nodes, logs = launch()
-    if any(node.returncode for node in nodes) and any("Address already in use" in log for log in logs):
-        nodes, logs = launch()  # a free port taken between our look and torchrun's bind, as in ``train``
-    assert [node.returncode for node in nodes] == [0, 0], "\n".join(f"launcher {i}: ...{log[-2500:]}"
-                                                                 for i, log in enumerate(logs))
+    codes, logs = launched(launch)
+    assert codes == [0, 0], "\n".join(f"launcher {i}: ...{log[-2500:]}" for i, log in enumerate(logs))
     assert_same_model(single / "model.pt", out / "model.pt")
     assert written(out) == written(single)  # one writer, on whichever machine holds rank 0
     assert sum(log.count("stopped: trained 1 epoch") for log in logs) == 1

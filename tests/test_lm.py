@@ -15,7 +15,7 @@ from lib.decoding import sample, top_k_filter
 from lib.model import TransformerLM
 from lib.optim import cosine_lr, weight_decay_groups
 from lib.tasks import run_prepare, shakespeare
-from tests.conftest import Terminal, model_config
+from tests.conftest import ROOT, Terminal, model_config
 
 PLAY = "".join(
     f"{name}:\nWhat say you, {other}, to this {thing}?\nI say the {thing} is fair.\n\n"
@@ -472,7 +472,7 @@ def test_generate_continues_each_line_typed_at_a_terminal_as_it_is_entered(tmp_p
 
 def test_the_readmes_python_example_for_the_lm_runs(tmp_path, lm_built, capsys):
     """README, "From Python": its LM part, on the tiny LM trained here; the streamed sample is printed."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
     code = readme.split("```python\n", 1)[1].split("```", 1)[0]
     code = 'from lib.inference import load\n' + code[code.index('lm = load("models/shakespeare")'):]
     assert '"sonnets.txt"' in code and "lm.stream(" in code
@@ -489,10 +489,9 @@ def test_generate_stops_quietly_when_the_reader_of_stdout_does(tmp_path, lm_buil
     (not `generate: error: [Errno 32] Broken pipe`)."""
     import subprocess
 
-    root = Path(__file__).resolve().parents[1]
     command = [sys.executable, "-m", "lib.generate", "--task", "shakespeare", "--models",
                str(models_dir(lm_built, tmp_path)), "--prompt", "RO", "--max-new-tokens", "1000000"]  # never done
-    process = subprocess.Popen(command, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert process.stdout.read(10).startswith(b"RO")
     process.stdout.close()
     assert process.wait(timeout=120) == 1 and process.stderr.read() == b""
