@@ -420,7 +420,9 @@ def seq2seq_sections(module, cfg, data_dir, tokenizers, model, metrics, samples,
         plot_by_length(module.lengths_as_numbers(metrics["by_length"]), trained, figures_dir / "by_length.png")
         lines += ["## Accuracy by sequence length", "",
                   "Exact-sequence match on held-out sequences of every length, including lengths "
-                  "longer than any seen in training.", "", f"![accuracy by length]({rel}/by_length.png)", ""]
+                  f"longer than any seen in training ({trained[0]}-{trained[1]}). Most sequences of every length "
+                  f"up to {module.exact_up_to(metrics['by_length'])} come out exact (`exact_up_to_length`).", "",
+                  f"![accuracy by length]({rel}/by_length.png)", ""]
         lines += breaking_section(module, model, tokenizers, metrics["by_length"], samples, trained, figures_dir,
                                   rel)
     if "bleu_by_length" in metrics:

@@ -96,3 +96,10 @@ def test_breaking_length_is_where_most_fail_else_the_first_error():
     assert cumsum.breaking_length({"01": 0.0, "02": 1.0, "10": 0.1}) == 1  # short sources can be the ones
     assert cumsum.breaking_length({"1": 1.0, "2": 0.98, "10": 0.99, "11": 0.5}) == 2  # none below half
     assert cumsum.breaking_length({"01": 1.0, "12": 1.0}) is None
+
+
+def test_exact_up_to_is_the_last_length_before_most_fail():
+    assert cumsum.exact_up_to({"01": 1.0, "02": 0.98, "03": 0.6, "04": 0.4, "05": 0.9}) == 3  # not again at 5
+    assert cumsum.exact_up_to({"1": 1.0, "2": 0.5, "10": 0.99, "11": 0.49}) == 10  # in number order; half holds
+    assert cumsum.exact_up_to({"01": 0.0, "02": 1.0}) == 0
+    assert cumsum.exact_up_to({"01": 1.0, "24": 1.0}) == 24
