@@ -91,7 +91,7 @@ def evaluate_seq2seq(task, cfg: EvaluateConfig, data_dir, tokenizer_dir, model_p
     if extra:
         frame = read_split(data_dir, extra)
         hypotheses = translate_texts(model, encode_pairs(tokenizers, frame), ids, tokenizers.target, cfg)
-        metrics.update(module.split_metrics(frame, hypotheses))
+        metrics.update(module.split_metrics(frame, hypotheses, test))
         rows = sample_rows(module, extra, frame, hypotheses).assign(first=False, worst=False)
         samples = pd.concat([samples, rows], ignore_index=True)
     write_outputs(metrics, samples, metrics_path, samples_path)

@@ -98,8 +98,9 @@ def test_breaking_length_is_where_most_fail_else_the_first_error():
     assert cumsum.breaking_length({"01": 1.0, "12": 1.0}) is None
 
 
-def test_exact_up_to_is_the_last_length_before_most_fail():
-    assert cumsum.exact_up_to({"01": 1.0, "02": 0.98, "03": 0.6, "04": 0.4, "05": 0.9}) == 3  # not again at 5
-    assert cumsum.exact_up_to({"1": 1.0, "2": 0.5, "10": 0.99, "11": 0.49}) == 10  # in number order; half holds
-    assert cumsum.exact_up_to({"01": 0.0, "02": 1.0}) == 0
-    assert cumsum.exact_up_to({"01": 1.0, "24": 1.0}) == 24
+def test_exact_up_to_is_the_last_length_before_most_fail_from_the_shortest_trained():
+    assert cumsum.exact_up_to({"01": 1.0, "02": 0.98, "03": 0.6, "04": 0.4, "05": 0.9}, 1) == 3  # not again at 5
+    assert cumsum.exact_up_to({"1": 1.0, "2": 0.5, "10": 0.99, "11": 0.49}, 1) == 10  # in number order; half holds
+    assert cumsum.exact_up_to({"01": 0.0, "02": 1.0, "03": 1.0, "04": 0.1}, 2) == 3  # shorter than trained: no say
+    assert cumsum.exact_up_to({"01": 1.0, "02": 0.2, "03": 1.0}, 2) == 0  # the shortest trained fails
+    assert cumsum.exact_up_to({"01": 1.0, "24": 1.0}, 1) == 24

@@ -139,19 +139,23 @@ def exact_match_by_length(sources: list[str], hypotheses: list[str], references:
     return share_by_length(sources, [h == r for h, r in zip(hypotheses, references)])
 
 
-def split_metrics(study: pd.DataFrame, hypotheses: list[str]) -> dict:
+def split_metrics(study: pd.DataFrame, hypotheses: list[str], test: pd.DataFrame) -> dict:
     """Length generalisation: exact match at every length of the EXTRA_SPLIT, trained ones and longer ones,
-    and the longest length it holds to (exact_up_to)."""
+    and how far up it holds from the shortest trained length (the test split's lengths are the trained ones)."""
     by_length = exact_match_by_length(study["src"].tolist(), hypotheses, study["tgt"].tolist())
-    return {"by_length": by_length, "exact_up_to_length": exact_up_to(by_length)}
+    shortest = int(test["src"].str.split().str.len().min())
+    return {"by_length": by_length, "exact_up_to_length": exact_up_to(by_length, shortest)}
 
 
-def exact_up_to(by_length: dict) -> int:
-    """The longest length L such that most sequences of every length up to L come out exact (0: not even the
-    shortest's): how far length generalisation holds, in one number, for reports/index.md and a column of
-    `dvc exp show`. Trained on 4-12, 12 means nothing longer came out right."""
+def exact_up_to(by_length: dict, shortest: int) -> int:
+    """The longest length L such that most sequences of every length from ``shortest`` (the shortest trained
+    one) up to L come out exact; 0 when not even those of length ``shortest`` do. How far length
+    generalisation holds, in one number, for reports/index.md and a column of `dvc exp show`: trained on
+    4-12, 12 means nothing longer came out right. Lengths below ``shortest`` have their own by_length entries."""
     longest = 0
     for length, share in lengths_as_numbers(by_length).items():
+        if length < shortest:
+            continue
         if share < 0.5:
             break
         longest = length
