@@ -418,11 +418,11 @@ def seq2seq_sections(module, cfg, data_dir, tokenizers, model, metrics, samples,
         train_lengths = read_split(data_dir, "train")["src"].str.split().str.len()
         trained = (train_lengths.min(), train_lengths.max())
         plot_by_length(module.lengths_as_numbers(metrics["by_length"]), trained, figures_dir / "by_length.png")
-        holds = module.exact_up_to(metrics["by_length"], trained[0])
         lines += ["## Accuracy by sequence length", "",
                   "Exact-sequence match on held-out sequences of every length, including lengths "
                   f"longer than any seen in training ({trained[0]}-{trained[1]}). Most sequences of every length "
-                  f"from {trained[0]} up to {holds} come out exact (`exact_up_to_length`).", "",
+                  f"from {trained[0]} up to {metrics['exact_up_to_length']} come out exact (`exact_up_to_length`).",
+                  "",
                   f"![accuracy by length]({rel}/by_length.png)", ""]
         lines += breaking_section(module, model, tokenizers, metrics["by_length"], samples, trained, figures_dir,
                                   rel)
