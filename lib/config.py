@@ -132,9 +132,18 @@ class ModelConfig:
     # Biases in every linear layer and LayerNorm (the paper's). False as in nanoGPT: ~7-10% faster
     # a CPU step (no bias copy into each product, no bias gradients), no worse a loss in our LM runs.
     bias: bool = True
+    # Key/value heads: 0 (or n_heads) one per query head, as in the paper; fewer, each shared by a group of
+    # n_heads / n_kv_heads query heads (grouped-query attention; 1: multi-query), a cache that many times smaller.
+    n_kv_heads: int = 0
+    norm: str = "layernorm"  # layernorm (the paper's) | rmsnorm (scaled by the root mean square: no centring, no bias)
+    # The feed-forward's nonlinearity: relu (the paper's), gelu (GPT's), or swiglu, swish(x W1) * (x W3)
+    # (Shazeer, 2020): a third d_ff-wide matrix, so Llama takes d_ff 2/3 as wide for the same parameters.
+    activation: str = "relu"
 
     def __post_init__(self):
         choose(self.positional, "positional", ("sinusoidal", "learned", "rope", "alibi"))
+        choose(self.norm, "norm", ("layernorm", "rmsnorm"))
+        choose(self.activation, "activation", ("relu", "gelu", "swiglu"))
         for name in ("d_model", "n_heads", "d_ff", "max_len"):
             require(getattr(self, name) > 0, name, "must be > 0")
         require(self.encoder_layers >= 0, "encoder_layers", "must be >= 0")
@@ -144,6 +153,10 @@ class ModelConfig:
             "d_model",
             f"{self.d_model} is not divisible by n_heads {self.n_heads}",
         )
+        require(self.n_kv_heads >= 0, "n_kv_heads", "must be >= 0 (0: as many as n_heads)")
+        if self.n_kv_heads:
+            require(self.n_heads % self.n_kv_heads == 0, "n_kv_heads",
+                    f"{self.n_kv_heads} does not divide n_heads {self.n_heads}: each must serve as many query heads")
         require(0.0 <= self.dropout < 1.0, "dropout", "must be in [0, 1)")
         require(0.0 <= self.activation_dropout < 1.0, "activation_dropout", "must be in [0, 1)")
         if self.positional == "rope":
@@ -153,6 +166,10 @@ class ModelConfig:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,6 +9,7 @@ import math
 from typing import TYPE_CHECKING
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from lib.attention import MultiHeadAttention
@@ -51,29 +52,56 @@ class LearnedPositionalEmbedding(nn.Module):
 
 
 class FeedForward(nn.Module):
-    """FFN(x) = max(0, x W1 + b1) W2 + b2, applied at each position (sec. 3.3)."""
+    """FFN(x) = max(0, x W1 + b1) W2 + b2, applied at each position (sec. 3.3).
 
-    def __init__(self, d_model: int, d_ff: int, dropout: float, bias: bool = True):
+    ``activation`` gelu puts GELU in place of max(0, .) (as GPT does); swiglu makes the
+    inner layer a gated linear unit, swish(x W1) * (x W3) (Shazeer, 2020; Llama's), W1 and
+    W3 one (2 d_ff, C) matrix here so that both take one matmul.
+    """
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float, bias: bool = True, activation: str = "relu"):
         super().__init__()
-        self.linear1 = nn.Linear(d_model, d_ff, bias=bias)
+        self.activation = activation
+        self.linear1 = nn.Linear(d_model, 2 * d_ff if activation == "swiglu" else d_ff, bias=bias)
         self.linear2 = nn.Linear(d_ff, d_model, bias=bias)
         self.dropout = Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear2(self.dropout(torch.relu(self.linear1(x))))
+        h = self.linear1(x)  # (B, T, d_ff), or (B, T, 2 d_ff) for swiglu
+        if self.activation == "swiglu":
+            gate, h = h.chunk(2, dim=-1)
+            h = F.silu(gate) * h
+        else:
+            h = F.gelu(h) if self.activation == "gelu" else torch.relu(h)
+        return self.linear2(self.dropout(h))
+
+
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) * g (Zhang and Sennrich, 2019): LayerNorm without subtracting
+    the mean and without a bias, computed in float32 as autocast computes LayerNorm."""
+
+    def __init__(self, d_model: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d_model))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight).to(x.dtype)
 
 
 def attention(cfg: ModelConfig) -> MultiHeadAttention:
     return MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.fused_qkv, cfg.positional, cfg.max_len,
-                              cfg.bias, cfg.rope_base)
+                              cfg.bias, cfg.rope_base, cfg.n_kv_heads)
 
 
 def feed_forward(cfg: ModelConfig) -> FeedForward:
-    return FeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout, cfg.bias)
+    return FeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout, cfg.bias, cfg.activation)
 
 
-def layer_norm(cfg: ModelConfig) -> nn.LayerNorm:
-    return nn.LayerNorm(cfg.d_model, bias=cfg.bias)
+def layer_norm(cfg: ModelConfig) -> nn.Module:
+    """The residual stream's normalisation: LayerNorm (sec. 3.1), or RMSNorm with ``norm: rmsnorm``."""
+    return RMSNorm(cfg.d_model) if cfg.norm == "rmsnorm" else nn.LayerNorm(cfg.d_model, bias=cfg.bias)
 
 
 class EncoderLayer(nn.Module):
@@ -286,7 +314,7 @@ def build_model(cfg: ModelConfig, kind: str, src_vocab_size: int, tgt_vocab_size
 
 # Where a model's parameters sit, by the paper's parts, matched on the names of the modules that hold them.
 PARTS = (("positions", "positions"), ("embeddings", "embed"), ("attention", "attn"), ("feed-forward", "feed_forward"),
-         ("LayerNorm", "norm"), ("output layer", "generator"))
+         ("norms", "norm"), ("output layer", "generator"))
 
 
 def parameter_counts(model: nn.Module) -> dict[str, int]:

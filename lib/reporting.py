@@ -179,12 +179,19 @@ def architecture(cfg, state: dict) -> str:
     else:
         shape = (f"An encoder-decoder of {cfg.encoder_layers} encoder and {cfg.decoder_layers} decoder "
                  f"layer{'s' * ((cfg.encoder_layers, cfg.decoder_layers) != (1, 1))}")
-    norm = "Pre-LN, with a final LayerNorm" if cfg.norm_first else "Post-LN, as in the paper"
+    if cfg.norm == "rmsnorm":
+        norm = "Pre-LN with RMSNorm, and a final RMSNorm" if cfg.norm_first else "Post-LN with RMSNorm"
+    else:
+        norm = "Pre-LN, with a final LayerNorm" if cfg.norm_first else "Post-LN, as in the paper"
     dropout = f"dropout {cfg.dropout}" if cfg.dropout else "no dropout"
     if cfg.activation_dropout:
         dropout += f" ({cfg.activation_dropout} on the feed-forward's activation)"
-    widths = (f"d_model {cfg.d_model}, {cfg.n_heads} heads of width {cfg.d_model // cfg.n_heads}, a ReLU "
-              f"feed-forward of width {cfg.d_ff}, {dropout}" + ("" if cfg.bias else ", no biases"))
+    heads = f"{cfg.n_heads} heads of width {cfg.head_dim}"
+    if cfg.kv_heads != cfg.n_heads:
+        heads += f" sharing {cfg.kv_heads} key/value head{'s' * (cfg.kv_heads != 1)}"
+    activation = {"relu": "ReLU", "gelu": "GELU", "swiglu": "SwiGLU"}[cfg.activation]
+    widths = (f"d_model {cfg.d_model}, {heads}, a {activation} feed-forward of width {cfg.d_ff}, {dropout}"
+              + ("" if cfg.bias else ", no biases"))
     source, target = state["src_vocab_size"], state["tgt_vocab_size"]
     if state["kind"] == "lm":
         vocabulary = f"a vocabulary of {target:,} tokens"

@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from lib.attention import (MultiHeadAttention, RotaryEmbedding, alibi_bias, alibi_slopes,
@@ -98,6 +99,69 @@ def test_cross_attention_matches_torch(fused):
     assert weights.shape == (B, H, T, S)
     assert (got - expected).abs().max() <= 1e-5
     assert torch.all(weights[2, :, :, 2:] == 0)  # source padding gets no weight
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2, 4])
+@pytest.mark.parametrize("masking", ["padding", "causal", "alibi"])
+def test_grouped_query_attention_matches_torch(kv_heads, masking):
+    """Key/value heads shared by groups of query heads, as torch's scaled_dot_product_attention with
+    enable_gqa: query head h reads key/value head h // (H / Hkv)."""
+    B, H, T, D = 3, 4, 7, 8
+    q, k, v = torch.randn(B, H, T, D), torch.randn(B, kv_heads, T, D), torch.randn(B, kv_heads, T, D)
+    ids = tokens_with_padding(B, T)
+    mask = {"padding": padding_mask(ids, PAD), "causal": causal_mask(T)}.get(masking, target_mask(ids, PAD))
+    bias = alibi_bias(alibi_slopes(H), T, T) if masking == "alibi" else None
+    got, weights = scaled_dot_product_attention(q, k, v, mask, bias=bias)
+    torch_mask = torch.zeros(mask.shape).masked_fill(~mask, float("-inf")) + (0 if bias is None else bias)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=torch_mask, enable_gqa=True)
+    assert (got - expected).abs().max() <= 1e-5
+    assert weights.shape == (B, H, T, T)
+
+
+def repeated_heads(grouped: MultiHeadAttention) -> MultiHeadAttention:
+    """The paper's attention that computes what ``grouped`` does: its key and value heads copied once
+    for each query head that reads them."""
+    H, Hkv, D = grouped.n_heads, grouped.n_kv_heads, grouped.head_dim
+    C = H * D
+    full = MultiHeadAttention(C, H, fused_qkv=grouped.fused_qkv)
+
+    def repeat(rows: torch.Tensor) -> torch.Tensor:  # (Hkv * D, ...) -> (H * D, ...): head j to heads jG..jG+G-1
+        return rows.unflatten(0, (Hkv, D)).repeat_interleave(H // Hkv, dim=0).flatten(0, 1)
+
+    with torch.no_grad():
+        if grouped.fused_qkv:
+            for name in ("weight", "bias"):
+                q, k, v = getattr(grouped.qkv_proj, name).split([C, Hkv * D, Hkv * D])
+                getattr(full.qkv_proj, name).copy_(torch.cat([q, repeat(k), repeat(v)]))
+        else:
+            full.q_proj.load_state_dict(grouped.q_proj.state_dict())
+            for name in ("k_proj", "v_proj"):
+                for part in ("weight", "bias"):
+                    getattr(getattr(full, name), part).copy_(repeat(getattr(getattr(grouped, name), part)))
+        full.out_proj.load_state_dict(grouped.out_proj.state_dict())
+    return full
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("kv_heads", [1, 2])
+def test_grouped_query_attention_is_the_paper_attention_with_shared_key_value_heads(fused, kv_heads):
+    """Self and cross attention, incremental decoding included: fewer key/value projections and a cache of
+    Hkv heads, the outputs of full attention whose key and value heads come in copies."""
+    B, T, S, C, H = 3, 6, 5, 32, 4
+    grouped = MultiHeadAttention(C, H, fused_qkv=fused, n_kv_heads=kv_heads)
+    full = repeated_heads(grouped)
+    assert sum(p.numel() for p in grouped.parameters()) < sum(p.numel() for p in full.parameters())
+    x, memory = torch.randn(B, T, C), torch.randn(B, S, C)
+    ids, src = tokens_with_padding(B, T, (6, 4, 2)), tokens_with_padding(B, S, (5, 3, 1))
+    for args in [(None, target_mask(ids, PAD)), (memory, padding_mask(src, PAD))]:
+        got, got_w = grouped(x, *args)
+        expected, expected_w = full(x, *args)
+        assert (got - expected).abs().max() <= 1e-5 and (got_w - expected_w).abs().max() <= 1e-5
+    cache, steps = {}, []
+    for t in range(T):  # one token at a time, the earlier keys and values from the cache
+        steps.append(grouped(x[:, t:t + 1], mask=causal_mask(1, start=t), cache=cache, start=t)[0])
+    assert cache["k"].shape == cache["v"].shape == (B, kv_heads, T, C // H)
+    assert (torch.cat(steps, 1) - full(x, mask=causal_mask(T))[0]).abs().max() <= 1e-5
 
 
 def test_rope_scores_depend_only_on_the_offset():

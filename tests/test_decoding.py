@@ -53,9 +53,11 @@ def test_cached_and_uncached_seq2seq_logits_agree_at_every_step(positional, norm
 
 
 @pytest.mark.parametrize("positional", ["sinusoidal", "rope", "alibi"])
-def test_cached_and_uncached_lm_logits_agree_at_every_step(positional):
+@pytest.mark.parametrize("kv_heads", [0, 1])
+def test_cached_and_uncached_lm_logits_agree_at_every_step(positional, kv_heads):
+    """kv_heads 1: multi-query attention, whose cache holds one key/value head a layer."""
     torch.manual_seed(0)
-    model = TransformerLM(model_config(positional=positional, norm_first=True), V).eval()
+    model = TransformerLM(model_config(positional=positional, norm_first=True, n_kv_heads=kv_heads), V).eval()
     ids = torch.randint(0, V, (3, 20))
     cache = model.new_cache()
     with torch.no_grad():
@@ -64,6 +66,7 @@ def test_cached_and_uncached_lm_logits_agree_at_every_step(positional):
         for t in range(5, ids.size(1)):
             step = model(ids[:, t:t + 1], cache, t)[:, -1]
             assert torch.allclose(step, model(ids[:, :t + 1])[:, -1], atol=1e-5), f"step {t}"
+    assert cache[0]["k"].size(1) == model.cfg.kv_heads
 
 
 def test_cached_greedy_equals_uncached_greedy():

@@ -8,8 +8,8 @@ import torch.fx.experimental._config
 from torch import nn
 
 from lib.masks import causal_mask, padding_mask, target_mask
-from lib.model import (DecoderLayer, EncoderLayer, SinusoidalPositionalEncoding, Transformer, TransformerLM,
-                       build_model, parameter_counts, repeats_input)
+from lib.model import (DecoderLayer, EncoderLayer, FeedForward, RMSNorm, SinusoidalPositionalEncoding, Transformer,
+                       TransformerLM, build_model, parameter_counts, repeats_input)
 from lib.optim import label_smoothed_nll
 from lib.tokenizer import SpecialIds
 from tests.conftest import model_config
@@ -25,11 +25,11 @@ def copy_common(ours, ref, norms):
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
-@pytest.mark.parametrize("fused", [True, False])
-def test_encoder_layer_matches_torch(norm_first, fused):
-    cfg = model_config(norm_first=norm_first, fused_qkv=fused)
+@pytest.mark.parametrize("fused, activation", [(True, "relu"), (False, "relu"), (True, "gelu")])
+def test_encoder_layer_matches_torch(norm_first, fused, activation):
+    cfg = model_config(norm_first=norm_first, fused_qkv=fused, activation=activation)
     ref = nn.TransformerEncoderLayer(cfg.d_model, cfg.n_heads, cfg.d_ff, dropout=0.0, batch_first=True,
-                                     norm_first=norm_first)
+                                     norm_first=norm_first, activation=activation)
     ours = EncoderLayer(cfg)
     copy_mha(ours.self_attn, ref.self_attn)
     copy_common(ours, ref, ["norm1", "norm2"])
@@ -42,11 +42,11 @@ def test_encoder_layer_matches_torch(norm_first, fused):
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
-@pytest.mark.parametrize("fused", [True, False])
-def test_decoder_layer_matches_torch(norm_first, fused):
-    cfg = model_config(norm_first=norm_first, fused_qkv=fused)
+@pytest.mark.parametrize("fused, activation", [(True, "relu"), (False, "relu"), (True, "gelu")])
+def test_decoder_layer_matches_torch(norm_first, fused, activation):
+    cfg = model_config(norm_first=norm_first, fused_qkv=fused, activation=activation)
     ref = nn.TransformerDecoderLayer(cfg.d_model, cfg.n_heads, cfg.d_ff, dropout=0.0, batch_first=True,
-                                     norm_first=norm_first)
+                                     norm_first=norm_first, activation=activation)
     ours = DecoderLayer(cfg)
     copy_mha(ours.self_attn, ref.self_attn)
     copy_mha(ours.cross_attn, ref.multihead_attn)
@@ -59,6 +59,29 @@ def test_decoder_layer_matches_torch(norm_first, fused):
     assert (got - expected).abs().max() <= 1e-5
     assert torch.all(self_w.triu(1) == 0)  # nothing from the future
     assert torch.all(cross_w[2, :, :, 1:] == 0)  # nothing from source padding
+
+
+def test_rmsnorm_matches_torch():
+    ours, ref = RMSNorm(16), nn.RMSNorm(16, eps=1e-5)
+    with torch.no_grad():
+        ours.weight.uniform_(0.5, 1.5)
+        ref.weight.copy_(ours.weight)
+    x = 3 * torch.randn(2, 5, 16) + 1
+    assert (ours(x) - ref(x)).abs().max() <= 1e-5
+    assert not torch.allclose(ours(x), nn.LayerNorm(16)(x), atol=1e-2)  # no centring: not LayerNorm
+    with torch.autocast("cpu", torch.bfloat16):  # computed in float32, returned in the input's dtype
+        assert ours(x.bfloat16()).dtype == torch.bfloat16
+
+
+def test_swiglu_is_swish_of_one_projection_times_the_other():
+    ff = FeedForward(8, 12, dropout=0.0, activation="swiglu")
+    assert ff.linear1.weight.shape == (24, 8) and ff.linear2.weight.shape == (8, 12)
+    W1, W3 = ff.linear1.weight[:12], ff.linear1.weight[12:]
+    b1, b3 = ff.linear1.bias[:12], ff.linear1.bias[12:]
+    x = torch.randn(2, 3, 8)
+    a = x @ W1.T + b1
+    expected = (a * torch.sigmoid(a) * (x @ W3.T + b3)) @ ff.linear2.weight.T + ff.linear2.bias
+    assert (ff(x) - expected).abs().max() <= 1e-6
 
 
 POSITIONALS = ["sinusoidal", "learned", "rope", "alibi"]
@@ -87,8 +110,11 @@ def test_decoder_is_causal(norm_first, positional):
 
 
 @pytest.mark.parametrize("positional", POSITIONALS)
-def test_lm_is_causal(positional):
-    model = TransformerLM(model_config(positional=positional), 30).eval()
+@pytest.mark.parametrize("modern", [False, True])
+def test_lm_is_causal(positional, modern):
+    """``modern``: Llama's choices, grouped-query attention, RMSNorm and SwiGLU."""
+    extra = dict(n_kv_heads=2, norm="rmsnorm", activation="swiglu", norm_first=True) if modern else {}
+    model = TransformerLM(model_config(positional=positional, **extra), 30).eval()
     ids = torch.randint(0, 30, (2, 10))
     before = model(ids)
     changed = ids.clone()
@@ -133,26 +159,34 @@ def test_weight_tying():
     assert lm.generator.weight is lm.embed.tokens.weight
 
 
-@pytest.mark.parametrize("kind, joint, tie, positional, bias", [
-    ("seq2seq", True, True, "sinusoidal", True), ("seq2seq", True, False, "learned", True),
-    ("seq2seq", False, True, "rope", False), ("lm", True, True, "alibi", True), ("lm", True, False, "learned", False),
+@pytest.mark.parametrize("kind, joint, tie, positional, bias, modern", [
+    ("seq2seq", True, True, "sinusoidal", True, False), ("seq2seq", True, False, "learned", True, False),
+    ("seq2seq", False, True, "rope", False, False), ("lm", True, True, "alibi", True, False),
+    ("lm", True, False, "learned", False, False), ("seq2seq", True, True, "sinusoidal", True, True),
+    ("lm", True, True, "rope", False, True),
 ])
-def test_parameter_counts_are_the_closed_form_and_count_a_tied_matrix_once(kind, joint, tie, positional, bias):
+def test_parameter_counts_are_the_closed_form_and_count_a_tied_matrix_once(kind, joint, tie, positional, bias,
+                                                                           modern):
+    """``modern``: 2 key/value heads of 4 (K = 16 wide, not C), RMSNorm (a gain, never a bias) and SwiGLU."""
     C, F, L, V, S = 32, 64, 64, 30, 40  # width, feed-forward, max_len, target and source vocabularies
-    cfg = model_config(tie_embeddings=tie, positional=positional, bias=bias, norm_first=True)
+    extra = dict(n_kv_heads=2, norm="rmsnorm", activation="swiglu") if modern else {}
+    cfg = model_config(tie_embeddings=tie, positional=positional, bias=bias, norm_first=True, **extra)
     model = build_model(cfg, kind, S if not joint else V, V, joint_vocab=joint)
     counts = parameter_counts(model)
     assert counts["total"] == sum(p.numel() for p in model.parameters())  # torch's count, shared tensors once
     assert counts["total"] == sum(n for part, n in counts.items() if part != "total")
 
-    attention, feed_forward, norm = 4 * C * C + bias * 4 * C, 2 * C * F + bias * (F + C), C + bias * C
+    K = 16 if modern else C  # the keys' and the values' width
+    attention = 2 * C * C + 2 * C * K + bias * (2 * C + 2 * K)
+    feed_forward = (3 if modern else 2) * C * F + bias * ((2 if modern else 1) * F + C)
+    norm = C + (bias and not modern) * C
     if kind == "lm":  # one self-attention a layer, the final LayerNorm of Pre-LN
-        layers = {"attention": 2 * attention, "feed-forward": 2 * feed_forward, "LayerNorm": (2 * 2 + 1) * norm}
+        layers = {"attention": 2 * attention, "feed-forward": 2 * feed_forward, "norms": (2 * 2 + 1) * norm}
         tables, untied = V * C, V * C
         positions = L * C
     else:  # the decoder's layers attend twice and normalise three times; a final LayerNorm per stack
         layers = {"attention": 3 * 2 * attention, "feed-forward": 4 * feed_forward,
-                  "LayerNorm": (2 * 2 + 2 * 3 + 2) * norm}
+                  "norms": (2 * 2 + 2 * 3 + 2) * norm}
         tables = V * C if joint else (S + V) * C  # one vocabulary: one table for both sides, if tied
         untied = 2 * V * C if joint else (S + V) * C
         positions = 2 * L * C
@@ -276,8 +310,10 @@ def test_bias_free_lm_is_causal_and_learns():
 
 
 @pytest.mark.parametrize("kind", ["seq2seq", "lm"])
-def test_training_flops_counts_the_matmuls_a_training_step_runs(kind):
-    """MFU's numerator against PyTorch's own FLOP counter, on a batch without padding (padding is not counted)."""
+@pytest.mark.parametrize("modern", [False, True])
+def test_training_flops_counts_the_matmuls_a_training_step_runs(kind, modern):
+    """MFU's numerator against PyTorch's own FLOP counter, on a batch without padding (padding is not counted);
+    ``modern``: with one key/value head and SwiGLU."""
     from torch.utils.flop_counter import FlopCounterMode
 
     from lib.data import Batch
@@ -285,7 +321,8 @@ def test_training_flops_counts_the_matmuls_a_training_step_runs(kind):
     from lib.training import lm_loss, seq2seq_loss
     from tests.test_decoding import IDS
 
-    cfg, V, B, S, T = model_config(d_ff=48), 50, 3, 7, 5
+    extra = dict(n_kv_heads=1, activation="swiglu") if modern else {}
+    cfg, V, B, S, T = model_config(d_ff=48, **extra), 50, 3, 7, 5
     tokens = lambda n: torch.randint(4, V, (B, n))  # noqa: E731
     with FlopCounterMode(display=False) as counter:
         if kind == "seq2seq":
