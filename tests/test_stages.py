@@ -212,6 +212,15 @@ def test_the_model_section_gives_the_mfu_when_training_measured_it(tmp_path):
                          "train.peak_tflops).")
 
 
+@pytest.mark.parametrize("norm_first", [True, False])
+def test_the_architecture_sentence_names_later_models_choices(norm_first):
+    cfg = model_config(n_kv_heads=1, norm="rmsnorm", activation="swiglu", positional="rope", norm_first=norm_first)
+    sentence = reporting.architecture(cfg, {"kind": "lm", "src_vocab_size": 50, "tgt_vocab_size": 50})
+    norms = "Pre-LN with RMSNorm, and a final RMSNorm" if norm_first else "Post-LN with RMSNorm"
+    assert sentence.startswith(f"A decoder-only language model of 2 layers, {norms}: d_model 32, 4 heads of width 8 "
+                               "sharing 1 key/value head, a SwiGLU feed-forward of width 64, no dropout; rotary")
+
+
 def test_report_links_only_existing_pngs(built):
     text = built["report"].read_text()
     assert "## Metrics" in text and "## Worst test examples" in text
