@@ -89,15 +89,17 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)  # (D/2,)
         angles = torch.arange(max_len, dtype=torch.float32)[:, None] * inv_freq  # (L, D/2)
-        self.register_buffer("cos", angles.cos(), persistent=False)
-        self.register_buffer("sin", angles.sin(), persistent=False)
+        # Each pair's cosine and sine twice, the sine negated on the pair's first feature: the rotation
+        # (a, b) -> (a cos - b sin, b cos + a sin) is then x * cos + (x with each pair swapped) * sin.
+        sin = angles.sin().repeat_interleave(2, dim=-1)  # (L, D)
+        sin[:, 0::2] *= -1
+        self.register_buffer("cos", angles.cos().repeat_interleave(2, dim=-1), persistent=False)  # (L, D)
+        self.register_buffer("sin", sin, persistent=False)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x (B, H, T, D) at positions (T,) -> rotated (B, H, T, D)."""
-        cos, sin = self.cos[positions], self.sin[positions]  # (T, D/2)
-        even, odd = x[..., 0::2], x[..., 1::2]  # (B, H, T, D/2)
-        rotated = torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1)  # (B, H, T, D/2, 2)
-        return rotated.flatten(-2)  # (B, H, T, D)
+        swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)  # (b0, a0, b1, a1, ...)
+        return x * self.cos[positions] + swapped * self.sin[positions]  # (B, H, T, D)
 
 
 def alibi_slopes(n_heads: int) -> torch.Tensor:
@@ -172,7 +174,8 @@ class MultiHeadAttention(nn.Module):
             qkv = self.qkv_proj(x).view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
             return qkv.contiguous().unbind(0)
         if memory is None:
-            q, k, v = self.qkv_proj(x).split([x.size(-1), *(2 * [self.n_kv_heads * self.head_dim])], dim=-1)
+            kv_width = self.n_kv_heads * self.head_dim
+            q, k, v = self.qkv_proj(x).split([x.size(-1), kv_width, kv_width], dim=-1)
         else:
             q, (k, v) = self._query(x), self._fused_rows(memory, slice(x.size(-1), None)).chunk(2, dim=-1)
         return self._split_heads(q), self._split_heads(k), self._split_heads(v)

@@ -206,7 +206,7 @@ def cosine_lr(step: int, lr: float, min_lr: float, warmup: int, total: int) -> f
 def weight_decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     """AdamW parameter groups: decay the weight matrices of linear layers only.
 
-    Biases, LayerNorm gains and embeddings (and the generator when it is tied
+    Biases, the norms' gains and embeddings (and the generator when it is tied
     to an embedding) are not decayed.
     """
     linear_weights = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Linear)}
