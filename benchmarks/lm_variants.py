@@ -1,0 +1,92 @@
+"""Training speed of the Shakespeare LM with later models' choices: RoPE, RMSNorm, SwiGLU, fewer key/value heads.
+
+Each variant is params.yaml's shakespeare model with a few keys changed (the same ones
+docs/experiments.md trains to the end). All are timed in turns, round after round, in one
+process, on the same random batches of the train stage's shape (batch_size x block_size
+characters), with its optimizer (fused AdamW, weight decay on the matrices), gradient
+clipping and precision (train.precision resolved for this machine), so that a noisy
+machine slows them alike. Run from the repository root with the venv active:
+    PYTHONPATH=. python benchmarks/lm_variants.py [--steps 10] [--rounds 5]
+Prints one JSON object: per variant the median ms a step over the rounds, tokens a
+second, parameters, and the key/value cache's bytes per token of context in float32
+(what sampling keeps for every token it has read: 2 x layers x Hkv x D x 4).
+"""
+
+import argparse
+import dataclasses
+import json
+import platform
+import statistics
+import time
+from datetime import date
+from pathlib import Path
+
+import torch
+import yaml
+
+from lib.config import stage_config
+from lib.model import TransformerLM, parameter_counts
+from lib.optim import weight_decay_groups
+from lib.training import lm_loss, resolve_precision
+
+ROOT = Path(__file__).resolve().parents[1]
+VOCAB = 69  # tiny-shakespeare's 65 characters and the 4 special tokens
+LLAMA = dict(positional="rope", norm="rmsnorm", activation="swiglu", d_ff=512, n_kv_heads=2)
+VARIANTS = {
+    "default": {},
+    "rope": dict(positional="rope"),
+    "rmsnorm": dict(norm="rmsnorm"),
+    "gelu": dict(activation="gelu"),
+    "swiglu": dict(activation="swiglu", d_ff=512),  # 3 x 512 = 2 x 768: the same parameters
+    "gqa2": dict(n_kv_heads=2),
+    "mqa": dict(n_kv_heads=1),
+    "llama": LLAMA,
+}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=10, help="steps a variant a round")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds after one of warm-up")
+    args = parser.parse_args()
+
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    cfg = stage_config({**params, "tasks": ["shakespeare"]}, "shakespeare", "train")
+    precision = resolve_precision(cfg.precision, torch.device("cpu"))
+    torch.manual_seed(0)
+    batches = [torch.randint(4, VOCAB, (cfg.batch_size, cfg.block_size + 1)) for _ in range(args.steps)]
+    runs = {}
+    for name, changes in VARIANTS.items():
+        model = TransformerLM(dataclasses.replace(cfg.model, **changes), VOCAB).train()
+        optimizer = torch.optim.AdamW(weight_decay_groups(model, cfg.weight_decay), lr=1e-4, betas=(0.9, cfg.beta2),
+                                      fused=True)
+        runs[name] = model, optimizer
+    seconds = {name: [] for name in runs}
+    for round_ in range(args.rounds + 1):  # round 0 warms up
+        for name, (model, optimizer) in runs.items():
+            start = time.perf_counter()
+            for tokens in batches:
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+                    loss = lm_loss(model, tokens[:, :-1], tokens[:, 1:])
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm, foreach=True)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                loss.item()
+            if round_:
+                seconds[name].append((time.perf_counter() - start) / args.steps)
+    tokens_a_step = cfg.batch_size * cfg.block_size
+    results = {}
+    for name, (model, _) in runs.items():
+        step = statistics.median(seconds[name])
+        m = model.cfg
+        results[name] = {"changes": VARIANTS[name], "ms_per_step": round(1000 * step, 1),
+                         "tokens_per_s": round(tokens_a_step / step), "parameters": parameter_counts(model)["total"],
+                         "cache_bytes_per_token": 2 * m.decoder_layers * m.kv_heads * m.head_dim * 4}
+    print(json.dumps({"date": date.today().isoformat(), "machine": platform.processor() or platform.machine(),
+                      "threads": torch.get_num_threads(), "torch": torch.__version__, "precision": precision,
+                      "steps": args.steps, "rounds": args.rounds, "variants": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
