@@ -128,25 +128,25 @@ def train_replica(train: torch.Tensor, valid: torch.Tensor, vocab_size: int, arg
             "params_m": round(sum(p.numel() for p in model.parameters() if p is not model.positions.weight) / 1e6, 2)}
 
 
-def step_times(runs: dict, vocab_size: int, steps: int, rounds: int = 4) -> dict:
-    """ms per training step of each (model, optimizer, precision), measured in turns on the same random batches."""
-    batches = [torch.randint(vocab_size, (12, 65)) for _ in range(steps)]
-    totals = dict.fromkeys(runs, 0.0)
-    for round_ in range(rounds + 1):  # round 0 warms up
+def step_times(runs: dict, batches: list[torch.Tensor], rounds: int = 4, clip_norm: float = 1.0) -> dict:
+    """Seconds a training step of each (model, optimizer, precision), one figure per round: the models are
+    timed in turns, round after round, on the same batches of tokens (B, T + 1), so that a noisy machine
+    slows them alike. Round 0 warms up and is left out. Also benchmarks/lm_variants.py's."""
+    seconds = {name: [] for name in runs}
+    for round_ in range(rounds + 1):
         for name, (model, optimizer, precision) in runs.items():
             start = time.perf_counter()
             for x in batches:
                 with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
-                    logits = model(x[:, :-1]).reshape(-1, vocab_size).float()
-                loss = F.cross_entropy(logits, x[:, 1:].reshape(-1))
+                    loss = training.lm_loss(model, x[:, :-1], x[:, 1:])
                 loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm, foreach=True)
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 loss.item()
             if round_:
-                totals[name] += time.perf_counter() - start
-    return {name: round(total / (rounds * steps) * 1000, 1) for name, total in totals.items()}
+                seconds[name].append((time.perf_counter() - start) / len(batches))
+    return seconds
 
 
 def main():
@@ -191,8 +191,10 @@ def main():
     ours = build_model(model, "lm", vocab_size, vocab_size, joint_vocab=True).train()
     ours_optimizer = torch.optim.AdamW(weight_decay_groups(ours, 0.1), betas=(0.9, 0.99), fused=True)
     reference = NanoGPTReplica(vocab_size, 128, 4, 4, 64).train()
-    timed = step_times({"ours": (ours, ours_optimizer, args.precision),
-                        "nanogpt_replica": (reference, replica_optimizer(reference, 1e-3), "fp32")}, vocab_size, steps=50)
+    batches = [torch.randint(vocab_size, (12, 65)) for _ in range(50)]
+    seconds = step_times({"ours": (ours, ours_optimizer, args.precision),
+                          "nanogpt_replica": (reference, replica_optimizer(reference, 1e-3), "fp32")}, batches)
+    timed = {name: round(statistics.mean(times) * 1000, 1) for name, times in seconds.items()}
     # ms_per_iter_whole_run: the training run's wall time over its steps (start-up and one
     # evaluation included). ms_per_step_alternating: bare training steps of our model and of
     # the nanoGPT replica, each with its own optimizer, timed in turns on the same batches.

@@ -17,17 +17,17 @@ import dataclasses
 import json
 import platform
 import statistics
-import time
 from datetime import date
 from pathlib import Path
 
 import torch
 import yaml
 
+from benchmarks.lm_reference import step_times
 from lib.config import stage_config
 from lib.model import TransformerLM, parameter_counts
 from lib.optim import weight_decay_groups
-from lib.training import lm_loss, resolve_precision
+from lib.training import resolve_precision
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 69  # tiny-shakespeare's 65 characters and the 4 special tokens
@@ -60,24 +60,11 @@ def main():
         model = TransformerLM(dataclasses.replace(cfg.model, **changes), VOCAB).train()
         optimizer = torch.optim.AdamW(weight_decay_groups(model, cfg.weight_decay), lr=1e-4, betas=(0.9, cfg.beta2),
                                       fused=True)
-        runs[name] = model, optimizer
-    seconds = {name: [] for name in runs}
-    for round_ in range(args.rounds + 1):  # round 0 warms up
-        for name, (model, optimizer) in runs.items():
-            start = time.perf_counter()
-            for tokens in batches:
-                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
-                    loss = lm_loss(model, tokens[:, :-1], tokens[:, 1:])
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm, foreach=True)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                loss.item()
-            if round_:
-                seconds[name].append((time.perf_counter() - start) / args.steps)
+        runs[name] = model, optimizer, precision
+    seconds = step_times(runs, batches, args.rounds, cfg.clip_norm)
     tokens_a_step = cfg.batch_size * cfg.block_size
     results = {}
-    for name, (model, _) in runs.items():
+    for name, (model, _, _) in runs.items():
         step = statistics.median(seconds[name])
         m = model.cfg
         results[name] = {"changes": VARIANTS[name], "ms_per_step": round(1000 * step, 1),

@@ -155,13 +155,13 @@ class MultiHeadAttention(nn.Module):
             self.register_buffer("alibi_slopes", alibi_slopes(n_heads), persistent=False)
         else:
             self.alibi_slopes = None
-        kv_width = n_kv_heads * self.head_dim  # C, or less for grouped-query attention
+        self.kv_width = n_kv_heads * self.head_dim  # C, or less for grouped-query attention
         if fused_qkv:  # rows: the queries' C, then the keys' and the values' kv_width each
-            self.qkv_proj = nn.Linear(d_model, d_model + 2 * kv_width, bias=bias)
+            self.qkv_proj = nn.Linear(d_model, d_model + 2 * self.kv_width, bias=bias)
         else:
             self.q_proj = nn.Linear(d_model, d_model, bias=bias)
-            self.k_proj = nn.Linear(d_model, kv_width, bias=bias)
-            self.v_proj = nn.Linear(d_model, kv_width, bias=bias)
+            self.k_proj = nn.Linear(d_model, self.kv_width, bias=bias)
+            self.v_proj = nn.Linear(d_model, self.kv_width, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
         self.dropout = Dropout(dropout)
 
@@ -177,8 +177,7 @@ class MultiHeadAttention(nn.Module):
             qkv = self.qkv_proj(x).view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
             return qkv.contiguous().unbind(0)
         if memory is None:
-            kv_width = self.n_kv_heads * self.head_dim
-            q, k, v = self.qkv_proj(x).split([x.size(-1), kv_width, kv_width], dim=-1)
+            q, k, v = self.qkv_proj(x).split([x.size(-1), self.kv_width, self.kv_width], dim=-1)
         else:
             q, (k, v) = self._query(x), self._fused_rows(memory, slice(x.size(-1), None)).chunk(2, dim=-1)
         return self._split_heads(q), self._split_heads(k), self._split_heads(v)
