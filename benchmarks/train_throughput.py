@@ -15,8 +15,10 @@ Prints one JSON object; tokens are the non-pad source plus target tokens.
 MFU: the model's matmul FLOPs per second (lib.metrics.training_flops, on the
 real lengths) over this machine's measured matmul peak in the same precision
 (square products of 1024 and 2048 on a CPU, 4096 and 8192 on a GPU, best of
-several), measured again after every round: "mfu" is the fastest round over
-the highest peak. A shared machine's speed drifts by tens of percent within
+several; 256 on a CPU without a bfloat16 kernel of its own, whose ~1 GFLOP/s
+would take minutes on the larger ones: lib.metrics.square_sizes),
+measured again after every round: "mfu" is the fastest round over the highest
+peak. A shared machine's speed drifts by tens of percent within
 seconds, and the extremes of two noisy series rarely fall together, so
 "mfu_paired" also times every step against two of the larger products run
 right after it: the median over the steps of the step's rate over that peak.
@@ -137,7 +139,7 @@ def main():
     flops = sum(batch_flops)
     batches = [b.to(device) for b in batches]
     dtype = PRECISION_DTYPES[args.precision]
-    n = square_sizes(device)[-1]
+    n = square_sizes(device, dtype)[-1]
     square = torch.randn(n, n, dtype=dtype, device=device), torch.randn(n, n, dtype=dtype, device=device)
     rounds, peaks, paired = {name: [] for name in models}, [], {name: [] for name in models}
     for round_ in range(args.rounds + 1):  # round 0 warms up

@@ -1,5 +1,6 @@
 """Scores shared by tasks, and the hardware figures that model FLOPs utilisation is measured against."""
 
+import functools
 import math
 import time
 
@@ -58,9 +59,27 @@ def product_rate(a: torch.Tensor, b: torch.Tensor, products: int = 1) -> float:
     return products * 2 * a.size(0) * a.size(1) * b.size(1) / (clock(a.device) - start)
 
 
-def square_sizes(device: torch.device) -> tuple[int, int]:
-    """Matrix sizes that reach the device's matmul peak: a GPU needs larger ones to fill it."""
-    return (4096, 8192) if device.type == "cuda" else (1024, 2048)
+# Below this rate on 256 x 256 products a CPU has no kernel of its own for the dtype: bfloat16 without
+# AVX512-BF16 or AMX runs at 1-3 GFLOP/s (an AVX2 AMD EPYC, RESULTS.md), fp32 at 40 and up on one core.
+SLOW_KERNEL_FLOPS = 10e9
+
+
+@functools.cache
+def square_sizes(device: torch.device, dtype: torch.dtype = torch.float32) -> tuple[int, ...]:
+    """Matrix sizes that reach the device's matmul peak in ``dtype``: a GPU needs larger ones to fill it.
+
+    A CPU kernel too slow to be the hardware's own (``SLOW_KERNEL_FLOPS``) is as slow at every size (1.3
+    GFLOP/s at 256 and 512, 0.9 at 1024), and its 2048 products take seconds each (a peak measured on
+    them, minutes): it is timed on 256 x 256 products alone. Probed once a process.
+    """
+    if device.type == "cuda":
+        return 4096, 8192
+    a = torch.randn(256, 256, dtype=dtype)
+    deadline = time.perf_counter() + 0.5  # a fresh process's first ~0.1 s of products run at a slow kernel's rate
+    while time.perf_counter() < deadline:
+        if product_rate(a, a) >= SLOW_KERNEL_FLOPS:
+            return 1024, 2048
+    return (256,)
 
 
 # train.precision's matmul dtype (config.PRECISIONS): what a peak is measured in.
@@ -70,7 +89,7 @@ PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 def matmul_peak(dtype: torch.dtype, device: torch.device, repeats: int = 5) -> float:
     """The best FLOP/s of square matmuls on this machine, in the given precision."""
     best = 0.0
-    for n in square_sizes(device):
+    for n in square_sizes(device, dtype):
         a, b = torch.randn(n, n, dtype=dtype, device=device), torch.randn(n, n, dtype=dtype, device=device)
         product_rate(a, b, products=3)  # warm-up
         best = max([best] + [product_rate(a, b, products=4) for _ in range(repeats)])

@@ -1,4 +1,7 @@
 import copy
+import os
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -9,6 +12,22 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from lib.config import ModelConfig  # noqa: E402
+
+
+def run_tree(command: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess:
+    """subprocess.run(command, capture_output=True, text=True), except that a time-out kills what the command
+    started too (torchrun's workers, a script's python): subprocess.run kills the command alone, and its
+    children run on, holding a core the rest of the suite needs (one ran 26 minutes after its test failed)."""
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True, **kwargs) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+            raise
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
 
 # A pipeline small enough to run every stage in seconds on 2 cores.
 TINY_PARAMS = {

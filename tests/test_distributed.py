@@ -1,8 +1,10 @@
 """torchrun + DDP on 2 CPU processes (gloo) against one process on the same global batches: the
 encoder-decoder (token-budget batches, sharded by rows) and the LM (random blocks, split by rows)."""
 
+import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -12,7 +14,7 @@ import torch
 import yaml
 
 from lib import checkpoint
-from tests.conftest import ROOT
+from tests.conftest import ROOT, run_tree
 
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -33,7 +35,7 @@ def train(tmp_path, params_path, name, processes, task="cumsum", log=None):
     command = [*(launcher if processes > 1 else [sys.executable]), *stage_command(tmp_path, params_path, out, task)]
 
     def run():
-        result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=ENV, timeout=300)
+        result = run_tree(command, timeout=300, cwd=ROOT, env=ENV)
         return [result.returncode], [result.stderr]
 
     (code,), (stderr,) = launched(run) if processes > 1 else run()
@@ -121,12 +123,14 @@ def test_two_machines_meeting_at_a_rendezvous_train_the_same_model_as_one(runs):
             [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
              "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "test",
              *stage_command(root, root / "params.yaml", out)],
-            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV) for _ in range(2)]
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV, start_new_session=True)
+            for _ in range(2)]
         try:
             logs = [node.communicate(timeout=300)[1] for node in nodes]
         finally:
-            for node in nodes:
-                node.kill()
+            for node in nodes:  # the launcher and its worker: killing the launcher alone leaves the worker running
+                with contextlib.suppress(ProcessLookupError):  # all of it has ended
+                    os.killpg(node.pid, signal.SIGKILL)
         return [node.returncode for node in nodes], logs
 
     codes, logs = launched(launch)

@@ -3,10 +3,9 @@ script that uses it must not first fail there on a renamed param or a moved file
 
 import json
 import os
-import subprocess
 import sys
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, run_tree
 from tests.test_multi30k import write_corpus
 
 
@@ -25,8 +24,7 @@ def test_gpu_check_runs_every_step_and_summarises(tmp_path):
     env = {**os.environ, "PYTHON": sys.executable, "DEVICE": "cpu", "MINUTES": "0.01", "D_MODEL": "32",
            "MAX_TOKENS": "256", "PEAK_TFLOPS": "0.001", "MULTI30K": str(write_corpus(tmp_path / "raw")),
            "WORK": str(work), "PYTHONPATH": str(site)}
-    result = subprocess.run(["bash", "benchmarks/gpu_check.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
-                            timeout=300)
+    result = run_tree(["bash", "benchmarks/gpu_check.sh"], timeout=300, cwd=ROOT, env=env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "installing" not in result.stdout  # this environment lacks nothing
     summary = json.loads(result.stdout.strip().splitlines()[-1])

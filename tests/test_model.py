@@ -336,6 +336,30 @@ def test_training_flops_counts_the_matmuls_a_training_step_runs(kind, modern):
         loss.backward()
     assert counter.get_total_flops() == expected
 
+def test_a_peak_on_a_slow_kernel_is_timed_on_small_products(monkeypatch):
+    """bfloat16 on a CPU without AVX512-BF16 or AMX multiplies at ~1 GFLOP/s: the 2048 products that reach
+    a real kernel's peak would take minutes there (gpu_check's dry run ran past its 300 s on such a CPU)."""
+    from lib import metrics
+
+    cpu, probe, sizes = torch.device("cpu"), metrics.square_sizes.__wrapped__, []  # __wrapped__: uncached
+    assert metrics.square_sizes(cpu) == (1024, 2048)  # float32 has a kernel of its own on every CPU
+
+    def rates(rate_of_call):  # a stand-in product_rate: the rate of the n-th product, by n
+        def product_rate(a, b, products=1):
+            sizes.append(a.size(0))
+            return rate_of_call(len(sizes))
+        return product_rate
+
+    monkeypatch.setattr(metrics, "product_rate", rates(lambda n: 1.3e9))
+    assert probe(cpu, torch.bfloat16) == (256,) and set(sizes) == {256} and len(sizes) > 5  # it kept trying
+    monkeypatch.setattr(metrics, "square_sizes", lambda device, dtype: (256,))
+    sizes.clear()
+    assert metrics.matmul_peak(torch.bfloat16, cpu) == 1.3e9 and set(sizes) == {256}
+    monkeypatch.setattr(metrics, "product_rate", rates(lambda n: 2e9 if n < 5 else 50e9))
+    sizes.clear()
+    assert probe(cpu, torch.float32) == (1024, 2048) and len(sizes) == 5  # once a fresh process's slow start ends
+    assert probe(torch.device("cuda"), torch.bfloat16) == (4096, 8192)
+
 
 def both_forward_passes(device: str):
     """A seq2seq model (on padded sources) and an LM, in training mode on ``device``, with their inputs:
