@@ -14,14 +14,15 @@ Run from the repository root with the venv active:
 Prints one JSON object; tokens are the non-pad source plus target tokens.
 MFU: the model's matmul FLOPs per second (lib.metrics.training_flops, on the
 real lengths) over this machine's measured matmul peak in the same precision
-(square products of 1024 and 2048 on a CPU, 4096 and 8192 on a GPU, best of
-several; 256 on a CPU without a bfloat16 kernel of its own, whose ~1 GFLOP/s
-would take minutes on the larger ones: lib.metrics.square_sizes),
-measured again after every round: "mfu" is the fastest round over the highest
-peak. A shared machine's speed drifts by tens of percent within
-seconds, and the extremes of two noisy series rarely fall together, so
-"mfu_paired" also times every step against two of the larger products run
-right after it: the median over the steps of the step's rate over that peak.
+(square products of 1024 and 2048 on a CPU, 4096 and 8192 on a GPU, in the
+three layouts of a training step's products, best of several; 256 on a CPU
+without a bfloat16 kernel of its own, whose ~1 GFLOP/s would take minutes on
+the larger ones: lib.metrics.square_sizes), measured again after every round:
+"mfu" is the fastest round over the highest peak. A shared machine's speed
+drifts by tens of percent within seconds, and the extremes of two noisy series
+rarely fall together, so "mfu_paired" also times every step against one of the
+larger products in each layout, run right after it: the median over the steps
+of the step's rate over that peak.
 On a GPU every timing waits for the device to finish its queued work.
 """
 
@@ -39,7 +40,7 @@ from torch import nn
 
 from lib.config import ModelConfig
 from lib.data import Batch, collate, read_split, token_budget_batches
-from lib.metrics import PRECISION_DTYPES, clock, matmul_peak, product_rate, square_sizes, training_flops
+from lib.metrics import LAYOUTS, PRECISION_DTYPES, clock, matmul_peak, product_rate, square_sizes, training_flops
 from lib.model import SinusoidalPositionalEncoding, Transformer
 from lib.tokenizer import SpecialIds, encode_pairs, load_tokenizers, special_ids
 from lib.training import compile_model, keep_freed_memory, seq2seq_loss
@@ -158,9 +159,9 @@ def main():
                 seconds = clock(device) - start
                 round_seconds[name] += seconds
                 if round_:
-                    peak_now = max(product_rate(*square) for _ in range(2))  # right after the step
+                    peak_now = max(product_rate(*layout(*square)) for layout in LAYOUTS)  # right after the step
                     paired[name].append(step_flops / seconds / peak_now)
-        peak = matmul_peak(dtype, device, repeats=2)
+        peak = matmul_peak(dtype, device, repeats=3)
         if round_:
             peaks.append(peak)
             for name, s in round_seconds.items():

@@ -161,7 +161,8 @@ class ModelConfig:
         require(0.0 <= self.activation_dropout < 1.0, "activation_dropout", "must be in [0, 1)")
         if self.positional == "rope":
             require(self.head_dim % 2 == 0, "positional", f"rope needs an even head width, not {self.head_dim}")
-        require(self.rope_base > 1.0, "rope_base", f"must be > 1 (each feature pair turning slower), not {self.rope_base}")
+        require(self.rope_base > 1.0, "rope_base",
+                f"must be > 1 (each feature pair turning slower), not {self.rope_base}")
 
     @property
     def head_dim(self) -> int:

@@ -60,7 +60,8 @@ def compile_model(model: torch.nn.Module, kind: str) -> torch.nn.Module:
 
 
 # CPU flags (Linux's /proc/cpuinfo) of native bfloat16 matmuls. There bf16 autocast pays off (RESULTS.md:
-# 2.6x fp32's tokens a second with AVX512-BF16, 1.5x with AMX); elsewhere a CPU emulates it, more slowly.
+# 2.6x fp32's tokens a second with AVX512-BF16, 1.5x with AMX); elsewhere a CPU emulates it, more slowly:
+# a multi30k training step took 1.2x fp32's time with AVX-512 alone, 21x with AVX2 alone (RESULTS.md).
 NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 
 
@@ -85,8 +86,9 @@ def resolve_precision(name: str, device: torch.device, flags: set[str] | None = 
         flags = cpu_flags() if flags is None else flags
         native = sorted(flags & NATIVE_BF16_FLAGS)
         if name == "bf16" and flags and not native:  # no flags (not x86 Linux): nothing known, nothing said
-            log.warning("train.precision: bf16 on a CPU without native bfloat16 (no %s): slower than fp32 here; "
-                        "auto would take fp32", " or ".join(sorted(NATIVE_BF16_FLAGS)))
+            slower = "1.2x" if "avx512f" in flags else "20x"  # AVX-512 without BF16 / AVX2 alone (RESULTS.md)
+            log.warning("train.precision: bf16 on a CPU without native bfloat16 (no %s): a step takes about %s "
+                        "fp32's time here; auto would take fp32", " or ".join(sorted(NATIVE_BF16_FLAGS)), slower)
     if name != "auto":
         return name
     chosen = "bf16" if native else "fp32"

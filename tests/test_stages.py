@@ -609,7 +609,11 @@ def test_auto_precision_is_bf16_only_where_the_hardware_multiplies_bfloat16(tmp_
     caplog.clear()
     with caplog.at_level("WARNING", logger="lib.training"):
         assert training.resolve_precision("bf16", cpu, {"avx2", "fma"}) == "bf16"  # kept, but said to be slow
-        assert "bf16 on a CPU without native bfloat16 (no amx_bf16 or avx512_bf16)" in caplog.text
+        assert "bf16 on a CPU without native bfloat16 (no amx_bf16 or avx512_bf16): a step takes about 20x" \
+            in caplog.text
+        caplog.clear()
+        training.resolve_precision("bf16", cpu, {"avx2", "avx512f"})
+        assert "a step takes about 1.2x fp32's time here" in caplog.text
         caplog.clear()
         training.resolve_precision("bf16", cpu, {"avx2", "avx512_bf16"})
         training.resolve_precision("bf16", cpu, set())  # flags unknown: nothing to say
