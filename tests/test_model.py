@@ -336,6 +336,7 @@ def test_training_flops_counts_the_matmuls_a_training_step_runs(kind, modern):
         loss.backward()
     assert counter.get_total_flops() == expected
 
+
 def test_a_peak_on_a_slow_kernel_is_timed_on_small_products(monkeypatch):
     """bfloat16 on a CPU without AVX512-BF16 or AMX multiplies at ~1 GFLOP/s: the 2048 products that reach
     a real kernel's peak would take minutes there (gpu_check's dry run ran past its 300 s on such a CPU)."""
