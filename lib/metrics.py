@@ -1,8 +1,8 @@
 """Scores shared by tasks, and the hardware figures that model FLOPs utilisation is measured against."""
 
-import functools
 import math
 import time
+from pathlib import Path
 
 import torch
 
@@ -59,27 +59,43 @@ def product_rate(a: torch.Tensor, b: torch.Tensor, products: int = 1) -> float:
     return products * 2 * a.size(0) * a.size(1) * b.size(1) / (clock(a.device) - start)
 
 
-# Below this rate on 256 x 256 products a CPU has no kernel of its own for the dtype: bfloat16 without
-# AVX512-BF16 or AMX runs at 1-3 GFLOP/s (an AVX2 AMD EPYC, RESULTS.md), fp32 at 40 and up on one core.
-SLOW_KERNEL_FLOPS = 10e9
+# CPU flags (Linux's /proc/cpuinfo) of native bfloat16 matmuls. There bf16 autocast pays off (RESULTS.md:
+# 2.6x fp32's tokens a second with AVX512-BF16, 1.5x with AMX); elsewhere a CPU emulates it, more slowly:
+# a multi30k training step took 1.2x fp32's time with AVX-512 alone, 21x with AVX2 alone (RESULTS.md).
+NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 
 
-@functools.cache
-def square_sizes(device: torch.device, dtype: torch.dtype = torch.float32) -> tuple[int, ...]:
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
+    """The CPU's feature flags, from the "flags" line that x86 Linux writes; empty elsewhere (so auto
+    precision takes fp32 there)."""
+    try:
+        lines = cpuinfo.read_text().splitlines()
+    except OSError:
+        return set()
+    return next((set(line.split(":", 1)[1].split()) for line in lines if line.startswith("flags")), set())
+
+
+# CPU flags under which torch's bfloat16 products have a kernel of their own (oneDNN's, torch 2.13): with
+# AVX-512 but no BF16 they run at 0.8x float32's rate, with AVX512-BF16 at 4x. With AVX2 alone they fall
+# back to one at 1.3 GFLOP/s, against float32's 140 (an AVX2 AMD EPYC, RESULTS.md).
+BF16_KERNEL_FLAGS = NATIVE_BF16_FLAGS | {"avx512f"}
+
+
+def square_sizes(device: torch.device, dtype: torch.dtype = torch.float32, flags: set[str] | None = None
+                 ) -> tuple[int, ...]:
     """Matrix sizes that reach the device's matmul peak in ``dtype``: a GPU needs larger ones to fill it.
 
-    A CPU kernel too slow to be the hardware's own (``SLOW_KERNEL_FLOPS``) is as slow at every size (1.3
-    GFLOP/s at 256 and 512, 0.9 at 1024), and its 2048 products take seconds each (a peak measured on
-    them, minutes): it is timed on 256 x 256 products alone. Probed once a process.
+    bfloat16 on a CPU whose ``flags`` (default: this CPU's) lack ``BF16_KERNEL_FLAGS`` is as slow at every
+    size (1.3 GFLOP/s at 256 and 512, 0.9 at 1024), and its 2048 products take seconds each (a peak
+    measured on them, minutes): it is timed on 256 x 256 products alone. No flags known (not x86 Linux):
+    the usual sizes.
     """
     if device.type == "cuda":
         return 4096, 8192
-    a = torch.randn(256, 256, dtype=dtype)
-    deadline = time.perf_counter() + 0.5  # a fresh process's first ~0.1 s of products run at a slow kernel's rate
-    while time.perf_counter() < deadline:
-        if product_rate(a, a) >= SLOW_KERNEL_FLOPS:
-            return 1024, 2048
-    return (256,)
+    flags = cpu_flags() if flags is None else flags
+    if dtype == torch.bfloat16 and flags and not flags & BF16_KERNEL_FLAGS:
+        return (256,)
+    return 1024, 2048
 
 
 # train.precision's matmul dtype (config.PRECISIONS): what a peak is measured in.

@@ -32,7 +32,7 @@ from lib import checkpoint, distributed
 from lib.config import ConfigError, LMTrainConfig, TrainConfig, flatten
 from lib.data import Pairs, collate, read_split, read_text, to_device, token_budget_batches
 from lib.masks import padding_mask, target_mask
-from lib.metrics import PRECISION_DTYPES, matmul_peak, perplexity, speed, training_flops
+from lib.metrics import NATIVE_BF16_FLAGS, PRECISION_DTYPES, cpu_flags, matmul_peak, perplexity, speed, training_flops
 from lib.model import build_model, parameter_counts, repeats_input
 from lib.optim import cosine_lr, generator_nll, noam_lr, weight_decay_groups
 from lib.tasks import get_task
@@ -57,22 +57,6 @@ def compile_model(model: torch.nn.Module, kind: str) -> torch.nn.Module:
     if kind == "seq2seq":
         torch.fx.experimental._config.use_duck_shape = False  # the switch the recompile log names
     return torch.compile(model, dynamic=kind == "seq2seq")
-
-
-# CPU flags (Linux's /proc/cpuinfo) of native bfloat16 matmuls. There bf16 autocast pays off (RESULTS.md:
-# 2.6x fp32's tokens a second with AVX512-BF16, 1.5x with AMX); elsewhere a CPU emulates it, more slowly:
-# a multi30k training step took 1.2x fp32's time with AVX-512 alone, 21x with AVX2 alone (RESULTS.md).
-NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
-
-
-def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
-    """The CPU's feature flags, from the "flags" line that x86 Linux writes; empty elsewhere (so auto
-    precision takes fp32 there)."""
-    try:
-        lines = cpuinfo.read_text().splitlines()
-    except OSError:
-        return set()
-    return next((set(line.split(":", 1)[1].split()) for line in lines if line.startswith("flags")), set())
 
 
 def resolve_precision(name: str, device: torch.device, flags: set[str] | None = None) -> str:

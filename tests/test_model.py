@@ -338,30 +338,26 @@ def test_training_flops_counts_the_matmuls_a_training_step_runs(kind, modern):
 
 
 def test_a_peak_on_a_slow_kernel_is_timed_on_small_products(monkeypatch):
-    """bfloat16 on a CPU without AVX512-BF16 or AMX multiplies at ~1 GFLOP/s: the 2048 products that reach
-    a real kernel's peak would take minutes there (gpu_check's dry run ran past its 300 s on such a CPU)."""
+    """bfloat16 on a CPU without AVX-512 multiplies at ~1 GFLOP/s: the 2048 products that reach a real
+    kernel's peak would take minutes there (gpu_check's dry run ran past its 300 s on such a CPU)."""
     from lib import metrics
 
-    cpu, probe, sizes = torch.device("cpu"), metrics.square_sizes.__wrapped__, []  # __wrapped__: uncached
-    assert metrics.square_sizes(cpu) == (1024, 2048)  # float32 has a kernel of its own on every CPU
+    cpu, bf16 = torch.device("cpu"), torch.bfloat16
+    assert metrics.square_sizes(cpu, bf16, {"avx", "avx2", "fma"}) == (256,)
+    assert metrics.square_sizes(cpu, bf16, {"avx2", "avx512f"}) == (1024, 2048)  # 0.8x float32's rate
+    assert metrics.square_sizes(cpu, bf16, {"avx2", "amx_bf16"}) == (1024, 2048)
+    assert metrics.square_sizes(cpu, bf16, set()) == (1024, 2048)  # not x86 Linux: nothing known
+    assert metrics.square_sizes(cpu, torch.float32, {"avx2"}) == (1024, 2048)
+    assert metrics.square_sizes(torch.device("cuda"), bf16) == (4096, 8192)
 
-    def rates(rate_of_call):  # a stand-in product_rate: the rate of the n-th product, by n and operands
-        def product_rate(a, b, products=1):
-            sizes.append(a.size(0))
-            return rate_of_call(len(sizes), a, b)
-        return product_rate
+    def avx2(a, b, products=1):  # bfloat16 on an AVX2 CPU: a @ b slowest, a @ b.T and a.T @ b faster
+        sizes.append(a.size(0))
+        return 20e9 if not a.is_contiguous() else 12e9 if not b.is_contiguous() else 1.3e9
 
-    # as bfloat16 on an AVX2 CPU: a @ b slowest, a @ b.T and a.T @ b (nn.Linear's passes) faster
-    emulated = lambda n, a, b: 20e9 if not a.is_contiguous() else 12e9 if not b.is_contiguous() else 1.3e9  # noqa: E731
-    monkeypatch.setattr(metrics, "product_rate", rates(emulated))
-    assert probe(cpu, torch.bfloat16) == (256,) and set(sizes) == {256} and len(sizes) > 5  # it kept trying
-    monkeypatch.setattr(metrics, "square_sizes", lambda device, dtype: (256,))
-    sizes.clear()
-    assert metrics.matmul_peak(torch.bfloat16, cpu) == 20e9 and set(sizes) == {256}  # the fastest layout
-    monkeypatch.setattr(metrics, "product_rate", rates(lambda n, a, b: 2e9 if n < 5 else 50e9))
-    sizes.clear()
-    assert probe(cpu, torch.float32) == (1024, 2048) and len(sizes) == 5  # once a fresh process's slow start ends
-    assert probe(torch.device("cuda"), torch.bfloat16) == (4096, 8192)
+    sizes = []
+    monkeypatch.setattr(metrics, "product_rate", avx2)
+    monkeypatch.setattr(metrics, "cpu_flags", lambda: {"avx2"})
+    assert metrics.matmul_peak(bf16, cpu) == 20e9 and set(sizes) == {256}  # the fastest layout, small products
 
 
 def both_forward_passes(device: str):
