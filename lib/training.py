@@ -32,7 +32,8 @@ from lib import checkpoint, distributed
 from lib.config import ConfigError, LMTrainConfig, TrainConfig, flatten
 from lib.data import Pairs, collate, read_split, read_text, to_device, token_budget_batches
 from lib.masks import padding_mask, target_mask
-from lib.metrics import NATIVE_BF16_FLAGS, PRECISION_DTYPES, cpu_flags, matmul_peak, perplexity, speed, training_flops
+from lib.metrics import (BF16_KERNEL_FLAGS, NATIVE_BF16_FLAGS, PRECISION_DTYPES, cpu_flags, matmul_peak, perplexity,
+                         speed, training_flops)
 from lib.model import build_model, parameter_counts, repeats_input
 from lib.optim import cosine_lr, generator_nll, noam_lr, weight_decay_groups
 from lib.tasks import get_task
@@ -70,7 +71,7 @@ def resolve_precision(name: str, device: torch.device, flags: set[str] | None = 
         flags = cpu_flags() if flags is None else flags
         native = sorted(flags & NATIVE_BF16_FLAGS)
         if name == "bf16" and flags and not native:  # no flags (not x86 Linux): nothing known, nothing said
-            slower = "1.2x" if "avx512f" in flags else "20x"  # AVX-512 without BF16 / AVX2 alone (RESULTS.md)
+            slower = "1.2x" if flags & BF16_KERNEL_FLAGS else "20x"  # AVX-512 without BF16 / AVX2 alone (RESULTS.md)
             log.warning("train.precision: bf16 on a CPU without native bfloat16 (no %s): a step takes about %s "
                         "fp32's time here; auto would take fp32", " or ".join(sorted(NATIVE_BF16_FLAGS)), slower)
     if name != "auto":
