@@ -119,12 +119,10 @@ write_params "$COMPILE"
 # the batch (launch-bound when it rises with it, bound by the kernels themselves when it does not).
 steps=10 rounds=2
 [ "$DEVICE" = cpu ] && steps=2 rounds=1
-for tokens in $((MAX_TOKENS / 4)) $MAX_TOKENS $((MAX_TOKENS * 2)); do
-  PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" benchmarks/train_throughput.py --device "$DEVICE" \
-    --precision bf16 --d-model "$D_MODEL" --d-ff $((4 * D_MODEL)) --heads 8 --layers 3 --dropout 0.2 \
-    --activation-dropout 0 --max-tokens "$tokens" --steps $steps --rounds $rounds \
-    --data "$WORK/data" --tokenizer "$WORK/tokenizer" | tee "$WORK/throughput-$tokens.json"
-done
+PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" benchmarks/train_throughput.py --device "$DEVICE" \
+  --precision bf16 --d-model "$D_MODEL" --d-ff $((4 * D_MODEL)) --heads 8 --layers 3 --dropout 0.2 \
+  --activation-dropout 0 --max-tokens $((MAX_TOKENS / 4)) "$MAX_TOKENS" $((MAX_TOKENS * 2)) --steps $steps \
+  --rounds $rounds --data "$WORK/data" --tokenizer "$WORK/tokenizer" | tee "$WORK/throughput.jsonl"
 
 # The progress bar goes to train.log with the rest; the log's own lines are shown.
 train() {
@@ -153,7 +151,7 @@ compiled = {"1": True, "0": False}.get(sys.argv[5], sys.argv[5])  # or "failed" 
 read = lambda name: pd.read_csv(work / f"live/plots/metrics/{name}.tsv", sep="\t").iloc[:, -1]  # noqa: E731
 tokens, mfu, valid = read("train/tokens_per_s"), read("train/mfu"), read("valid/loss")
 skip = min(20, len(tokens) // 5)  # warm-up steps
-benches = [json.loads(path.read_text()) for path in sorted(work.glob("throughput-*.json"))]
+benches = [json.loads(line) for line in (work / "throughput.jsonl").read_text().splitlines()]
 print(json.dumps({
     "benchmark": "gpu_check", "device": benches[0]["device"], "torch": torch.__version__, "cuda_tests": tests,
     "peak_tflops": peak,

@@ -10,8 +10,8 @@ loss. They are timed alternately, round after round, in one process, so that
 a noisy machine slows both alike.
 Run from the repository root with the venv active:
     PYTHONPATH=. python benchmarks/train_throughput.py [--precision fp32|bf16] [--rounds 4] [--steps 10]
-        [--device cpu|cuda] [--compile] [--data DIR --tokenizer DIR]
-Prints one JSON object; tokens are the non-pad source plus target tokens.
+        [--device cpu|cuda] [--compile] [--data DIR --tokenizer DIR] [--max-tokens 2048 [4096 ...]]
+Prints one JSON object (a line) per --max-tokens; tokens are the non-pad source plus target tokens.
 MFU: the model's matmul FLOPs per second (lib.metrics.training_flops, on the
 real lengths) over this machine's measured matmul peak in the same precision
 (square products of 1024 and 2048 on a CPU, 4096 and 8192 on a GPU, in the
@@ -82,24 +82,31 @@ def torch_loss(model, batch: Batch, ids: SpecialIds, smoothing: float):
                            ignore_index=ids.pad, label_smoothing=smoothing)
 
 
-def load_batches(max_tokens: int, n: int, data: Path, tok: Path) -> tuple[list[Batch], SpecialIds, int, str]:
-    """n multi30k training batches if the pipeline has built them, else random 64 x 24 + 24 batches."""
+def batch_source(data: Path, tok: Path, n: int):
+    """A function of a token budget that gives n multi30k training batches if the pipeline has built them,
+    else random 64 x 24 + 24 batches; the special ids, the vocabulary size and which batches they are."""
     if (data / "train.parquet").is_file() and tok.is_dir():
         tokenizers = load_tokenizers(tok)
         ids = special_ids(tokenizers)
         pairs = encode_pairs(tokenizers, read_split(data, "train"))
-        order = token_budget_batches(pairs, max_tokens, torch.Generator().manual_seed(0))[:n]
-        return [collate(pairs, b, ids) for b in order], ids, tokenizers.target.get_vocab_size(), "multi30k"
+
+        def multi30k(max_tokens: int) -> list[Batch]:
+            order = token_budget_batches(pairs, max_tokens, torch.Generator().manual_seed(0))[:n]
+            return [collate(pairs, b, ids) for b in order]
+        return multi30k, ids, tokenizers.target.get_vocab_size(), "multi30k"
     ids, V = SpecialIds(pad=0, bos=1, eos=2, unk=3), 8000
-    g = torch.Generator().manual_seed(0)
-    batches = []
-    for _ in range(n):
-        src, tgt = torch.randint(4, V, (64, 24), generator=g), torch.randint(4, V, (64, 24), generator=g)
-        batches.append(Batch(src, torch.cat([torch.full((64, 1), ids.bos), tgt[:, :-1]], 1), tgt, tgt.numel()))
-    return batches, ids, V, "random 64 x 24 + 24"
+
+    def random_tokens(max_tokens: int) -> list[Batch]:  # the same batches at every budget
+        g = torch.Generator().manual_seed(0)
+        batches = []
+        for _ in range(n):
+            src, tgt = torch.randint(4, V, (64, 24), generator=g), torch.randint(4, V, (64, 24), generator=g)
+            batches.append(Batch(src, torch.cat([torch.full((64, 1), ids.bos), tgt[:, :-1]], 1), tgt, tgt.numel()))
+        return batches
+    return random_tokens, ids, V, "random 64 x 24 + 24"
 
 
-def main():
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--d-model", type=int, default=256)
     parser.add_argument("--heads", type=int, default=8)
@@ -108,7 +115,8 @@ def main():
     parser.add_argument("--dropout", type=float, default=0.1)
     parser.add_argument("--activation-dropout", type=float, default=None,
                         help="ours only, on the feed-forward's activation (default: --dropout, as torch's layer has)")
-    parser.add_argument("--max-tokens", type=int, default=2048, help="token budget of a multi30k batch")
+    parser.add_argument("--max-tokens", type=int, nargs="+", default=[2048],
+                        help="token budget of a multi30k batch; several: one measurement (a JSON line) each")
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     parser.add_argument("--steps", type=int, default=10, help="batches per model per round")
     parser.add_argument("--rounds", type=int, default=4, help="timed rounds, after one warm-up round")
@@ -118,16 +126,13 @@ def main():
                              "round compiles them)")
     parser.add_argument("--data", type=Path, default=ROOT / "data" / "multi30k", help="the prepared multi30k data")
     parser.add_argument("--tokenizer", type=Path, default=ROOT / "models" / "multi30k" / "tokenizer")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def measure(args: argparse.Namespace, cfg: ModelConfig, batches: list[Batch], ids: SpecialIds, V: int) -> dict:
+    """Both models, new from seed 0, trained on ``batches`` round after round: the figures of one JSON line."""
     torch.manual_seed(0)
     device = torch.device(args.device)
-    keep_freed_memory()  # as the train stage does on a CPU; process-wide, so for both models
-
-    cfg = ModelConfig(d_model=args.d_model, n_heads=args.heads, encoder_layers=args.layers,
-                      decoder_layers=args.layers, d_ff=args.d_ff, dropout=args.dropout, norm_first=False,
-                      tie_embeddings=True, fused_qkv=True, max_len=256,
-                      activation_dropout=args.dropout if args.activation_dropout is None else args.activation_dropout)
-    batches, ids, V, source = load_batches(args.max_tokens, args.steps, args.data, args.tokenizer)
     models = {"ours": (Transformer(cfg, V, V, joint_vocab=True).to(device), ours_loss),
               "torch_nn_transformer": (TorchReference(cfg, V).to(device), torch_loss)}
     if args.compile:  # as the train stage does: one graph for the batches' varying shapes
@@ -168,14 +173,8 @@ def main():
                 rounds[name].append(s)
     seconds = {name: sum(values) for name, values in rounds.items()}
     rate = {name: tokens * args.rounds / s for name, s in seconds.items()}
-    print(json.dumps({
-        "benchmark": "train_throughput", "date": date.today().isoformat(), "machine": platform.processor() or
-        platform.machine(), "threads": torch.get_num_threads(), "torch": torch.__version__, "batches": source,
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "precision": args.precision, "compile": args.compile,
-        "model": {k: getattr(cfg, k) for k in ("d_model", "n_heads", "encoder_layers", "decoder_layers", "d_ff",
-                                               "dropout", "activation_dropout")},
-        "max_tokens": args.max_tokens, "tokens_per_step": round(tokens / len(batches)),
+    return {
+        "tokens_per_step": round(tokens / len(batches)),
         "tokens_per_s": {name: round(r) for name, r in rate.items()},
         "ms_per_step": {name: round(s / (args.rounds * len(batches)) * 1000, 1) for name, s in seconds.items()},
         "ratio_ours_over_torch": round(rate["ours"] / rate["torch_nn_transformer"], 3),
@@ -183,8 +182,28 @@ def main():
         "matmul_peak_gflops": [round(p / 1e9, 1) for p in peaks],
         "mfu": {name: round(flops / min(values) / max(peaks), 3) for name, values in rounds.items()},
         "mfu_paired": {name: round(statistics.median(values), 3) for name, values in paired.items()},
-    }))
+    }
 
+
+def main():
+    args = parse_args()
+    device = torch.device(args.device)
+    keep_freed_memory()  # as the train stage does on a CPU; process-wide, so for both models
+    cfg = ModelConfig(d_model=args.d_model, n_heads=args.heads, encoder_layers=args.layers,
+                      decoder_layers=args.layers, d_ff=args.d_ff, dropout=args.dropout, norm_first=False,
+                      tie_embeddings=True, fused_qkv=True, max_len=256,
+                      activation_dropout=args.dropout if args.activation_dropout is None else args.activation_dropout)
+    batches_at, ids, V, source = batch_source(args.data, args.tokenizer, args.steps)
+    for max_tokens in args.max_tokens:
+        print(json.dumps({
+            "benchmark": "train_throughput", "date": date.today().isoformat(), "machine": platform.processor() or
+            platform.machine(), "threads": torch.get_num_threads(), "torch": torch.__version__, "batches": source,
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "precision": args.precision, "compile": args.compile,
+            "model": {k: getattr(cfg, k) for k in ("d_model", "n_heads", "encoder_layers", "decoder_layers", "d_ff",
+                                                   "dropout", "activation_dropout")},
+            "max_tokens": max_tokens, **measure(args, cfg, batches_at(max_tokens), ids, V),
+        }), flush=True)
 
 if __name__ == "__main__":
     main()

@@ -1,4 +1,5 @@
 import copy
+import importlib
 import os
 import signal
 import subprocess
@@ -27,6 +28,20 @@ def run_tree(command: list[str], timeout: float, **kwargs) -> subprocess.Complet
             process.communicate()
             raise
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+def run_stage(stage: str, argv: list[str]) -> int:
+    """``python -m stages.<stage> *argv``'s exit status, run in this process (the stage's main, as the command
+    runs it): a command's own process spends most of a failing stage's 5 seconds importing torch. Its
+    stderr is the caller's capsys's."""
+    sigterm = signal.getsignal(signal.SIGTERM)  # the stage turns SIGTERM into an exception: pytest's again after
+    try:
+        importlib.import_module(f"stages.{stage}").main(argv)
+    except SystemExit as exit_:
+        return exit_.code
+    finally:
+        signal.signal(signal.SIGTERM, sigterm)
+    return 0
 
 
 # A pipeline small enough to run every stage in seconds on 2 cores.

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from lib.config import ConfigError, stage_config
-from tests.conftest import ROOT
+from tests.conftest import ROOT, run_stage
 
 
 @pytest.mark.parametrize(
@@ -80,7 +80,8 @@ def edit_params(tiny_params, section, key, value):
     return tiny_params
 
 
-# Each case runs the real stage command: the message names the key, the exit is 2, nothing is written.
+# Each case runs the stage's main as its command does, in this process (conftest.run_stage; the two tests after
+# these run the command itself): the message names the key, the exit is 2, nothing is written.
 STAGE_CASES = [
     ("prepare", "cumsum.prepare", "n_trian", 5, "cumsum.prepare.n_trian: unknown key"),
     ("prepare", "cumsum.prepare", "n_train", None, "cumsum.prepare.n_train: missing key"),
@@ -97,7 +98,8 @@ STAGE_CASES = [
 
 
 @pytest.mark.parametrize("stage, section, key, value, message", STAGE_CASES)
-def test_stage_command_fails_cleanly_and_writes_nothing(tmp_path, tiny_params, stage, section, key, value, message):
+def test_stage_command_fails_cleanly_and_writes_nothing(tmp_path, capsys, tiny_params, stage, section, key, value,
+                                                         message):
     if section:
         edit_params(tiny_params, section, key, value)
     else:
@@ -112,11 +114,8 @@ def test_stage_command_fails_cleanly_and_writes_nothing(tmp_path, tiny_params, s
             "evaluate": ["--data", "data", "--tokenizer", "tok", "--model", "model.pt", "--metrics", "m.json",
                          "--samples", "s.jsonl"]}[stage]
     outs = [str(tmp_path / o) if not o.startswith("--") else o for o in outs]
-    result = subprocess.run([sys.executable, "-m", f"stages.{stage}", "cumsum", *outs, "--params", str(params)],
-                            cwd=ROOT, capture_output=True, text=True)
-    assert result.returncode == 2
-    assert message in result.stderr
-    assert "Traceback" not in result.stderr
+    assert run_stage(stage, ["cumsum", *outs, "--params", str(params)]) == 2
+    assert message in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == [params]
 
 

@@ -14,7 +14,7 @@ import torch
 import yaml
 
 from lib import checkpoint
-from tests.conftest import ROOT, run_tree
+from tests.conftest import ROOT, run_stage, run_tree
 
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -28,17 +28,20 @@ def stage_command(tmp_path, params_path, out, task="cumsum") -> list[str]:
 
 
 def train(tmp_path, params_path, name, processes, task="cumsum", log=None):
-    """Run the train stage into tmp_path/name (1 process, or torchrun's ``processes``); ``log``: a list
-    that gets its stderr."""
+    """Run the train stage into tmp_path/name: in this process (conftest.run_stage), or under torchrun in
+    ``processes``; ``log``: a list that gets torchrun's stderr."""
     out = tmp_path / name
+    command = stage_command(tmp_path, params_path, out, task)
+    if processes == 1:
+        assert run_stage("train", command[2:]) == 0
+        return out
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)]
-    command = [*(launcher if processes > 1 else [sys.executable]), *stage_command(tmp_path, params_path, out, task)]
 
     def run():
-        result = run_tree(command, timeout=300, cwd=ROOT, env=ENV)
+        result = run_tree([*launcher, *command], timeout=300, cwd=ROOT, env=ENV)
         return [result.returncode], [result.stderr]
 
-    (code,), (stderr,) = launched(run) if processes > 1 else run()
+    (code,), (stderr,) = launched(run)
     # A failing rank's reason (a C++ exception, say) comes first; torchrun's summary of it comes last.
     assert code == 0, stderr[:3000] + "\n...\n" + stderr[-1500:]
     if log is not None:

@@ -9,18 +9,47 @@ from tests.conftest import ROOT, run_tree
 from tests.test_multi30k import write_corpus
 
 
+# Every python the script starts runs this first. It swaps torch.compile for one that fails at the first
+# step, as a compiler does, once torch is imported: the script's pythons that never import torch are
+# spared the 3 s import.
+SITECUSTOMIZE = """\
+import importlib.abc
+import importlib.util
+import sys
+
+
+def broken_compile(model, **kwargs):
+    def compiled(*args, **kwargs):
+        raise RuntimeError('no compiler here: a stand-in for one that fails')
+    return compiled
+
+
+class BreakCompileOnImport(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "torch":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec("torch")
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            module.compile = broken_compile
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+sys.meta_path.insert(0, BreakCompileOnImport())
+"""
+
+
 def test_gpu_check_runs_every_step_and_summarises(tmp_path):
     """The whole script, with its way out when compiling fails: here the compiled model always raises
     (inductor's C++ build would take minutes on 2 cores), so the compiled training stops at its
     first step and the script trains eager instead, both paths run."""
     work, site = tmp_path / "work", tmp_path / "site"
     site.mkdir()
-    (site / "sitecustomize.py").write_text(
-        "import torch\n\n\ndef broken_compile(model, **kwargs):  # fails at the first step, as a compiler does\n"
-        "    def compiled(*args, **kwargs):\n"
-        "        raise RuntimeError('no compiler here: a stand-in for one that fails')\n"
-        "    return compiled\n\n\n"
-        "torch.compile = broken_compile\n")
+    (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
     env = {**os.environ, "PYTHON": sys.executable, "DEVICE": "cpu", "MINUTES": "0.01", "D_MODEL": "32",
            "MAX_TOKENS": "256", "PEAK_TFLOPS": "0.001", "MULTI30K": str(write_corpus(tmp_path / "raw")),
            "WORK": str(work), "PYTHONPATH": str(site)}

@@ -24,7 +24,7 @@ from lib.masks import padding_mask, target_mask
 from lib.model import build_model, parameter_counts
 from lib.optim import smoothed_loss_floor
 from lib.tasks import cumsum, run_prepare
-from tests.conftest import ROOT, TINY_PARAMS, Terminal, model_config
+from tests.conftest import ROOT, TINY_PARAMS, Terminal, model_config, run_stage
 
 
 @pytest.fixture(scope="module")
@@ -375,7 +375,8 @@ def test_killed_training_resumes_bit_identical(tmp_path, built, tiny_params):
                 "--model", str(out / "model.pt"), "--checkpoints", str(out / "ckpt"), "--live", str(out / "live")]
 
     straight, killed = tmp_path / "straight", tmp_path / "killed"
-    subprocess.run(command(straight), cwd=ROOT, check=True, capture_output=True)
+    training.run("cumsum", stage_config(tiny_params, "cumsum", "train"), built["data"], built["tokenizer"],
+                 straight / "model.pt", straight / "ckpt", straight / "live")
     process = subprocess.Popen(command(killed), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     while not (killed / "ckpt" / "last.pt").exists() and time.monotonic() < deadline:
@@ -430,20 +431,16 @@ def test_ctrl_c_or_sigterm_is_one_line_and_keeps_the_checkpoint(tmp_path, built,
     assert not (out / "model.pt").exists() and not list(out.rglob("*.tmp"))
 
 
-def test_divergence_stops_with_the_step_and_keeps_the_checkpoint(tmp_path, built, tiny_params):
+def test_divergence_stops_with_the_step_and_keeps_the_checkpoint(tmp_path, capsys, built, tiny_params):
     train = tiny_params["cumsum"]["train"]
     train.update(epochs=3, lr_factor=1e30, checkpoint_every=1)  # absurd: the weights overflow
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump(tiny_params))
-    result = subprocess.run(
-        [sys.executable, "-m", "stages.train", "cumsum", "--params", str(params), "--data", str(built["data"]),
-         "--tokenizer", str(built["tokenizer"]), "--model", str(tmp_path / "model.pt"),
-         "--checkpoints", str(tmp_path / "ckpt"), "--live", str(tmp_path / "live")],
-        cwd=ROOT, capture_output=True, text=True,
-    )
-    assert result.returncode == 2
-    assert "training diverged at step" in result.stderr and "train.lr_factor" in result.stderr
-    assert "Traceback" not in result.stderr
+    assert run_stage("train", ["cumsum", "--params", str(params), "--data", str(built["data"]),
+                               "--tokenizer", str(built["tokenizer"]), "--model", str(tmp_path / "model.pt"),
+                               "--checkpoints", str(tmp_path / "ckpt"), "--live", str(tmp_path / "live")]) == 2
+    stderr = capsys.readouterr().err
+    assert "training diverged at step" in stderr and "train.lr_factor" in stderr
     assert not (tmp_path / "model.pt").exists()
     last = checkpoint.load(tmp_path / "ckpt" / "last.pt")  # still loads: written before the bad step
     assert all(torch.isfinite(t).all() for t in last["model"].values())
