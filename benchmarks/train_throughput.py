@@ -95,15 +95,12 @@ def batch_source(data: Path, tok: Path, n: int):
             return [collate(pairs, b, ids) for b in order]
         return multi30k, ids, tokenizers.target.get_vocab_size(), "multi30k"
     ids, V = SpecialIds(pad=0, bos=1, eos=2, unk=3), 8000
-
-    def random_tokens(max_tokens: int) -> list[Batch]:  # the same batches at every budget
-        g = torch.Generator().manual_seed(0)
-        batches = []
-        for _ in range(n):
-            src, tgt = torch.randint(4, V, (64, 24), generator=g), torch.randint(4, V, (64, 24), generator=g)
-            batches.append(Batch(src, torch.cat([torch.full((64, 1), ids.bos), tgt[:, :-1]], 1), tgt, tgt.numel()))
-        return batches
-    return random_tokens, ids, V, "random 64 x 24 + 24"
+    g = torch.Generator().manual_seed(0)
+    batches = []
+    for _ in range(n):
+        src, tgt = torch.randint(4, V, (64, 24), generator=g), torch.randint(4, V, (64, 24), generator=g)
+        batches.append(Batch(src, torch.cat([torch.full((64, 1), ids.bos), tgt[:, :-1]], 1), tgt, tgt.numel()))
+    return lambda max_tokens: batches, ids, V, "random 64 x 24 + 24"  # the same batches at every budget
 
 
 def parse_args() -> argparse.Namespace:
