@@ -67,6 +67,43 @@ def local_device(device: torch.device) -> torch.device:
     return device
 
 
+def seed_own_stream(seed: int, ctx: Context):
+    """Give each process dropout masks of its own.
+
+    Every process seeds torch with ``seed`` to build the same model. From
+    then on the default generators (the CPU's and the GPU's) feed dropout
+    alone, and processes drawing from one stream would drop the same units of
+    their rows: an LM's slices of a batch have one shape, so every process
+    would draw the very same masks. Rank 0 goes on with the stream of a single
+    process, which thus trains as it always has.
+    """
+    if ctx.rank > 0:
+        torch.manual_seed(seed + (ctx.rank << 32))  # seeds are below 2**32 (config.check_seed): no run's own
+
+
+def random_states(ctx: Context) -> list[dict]:
+    """Every process's default generators' states, by rank, for a checkpoint: what dropout draws next."""
+    mine = {"cpu": torch.get_rng_state()}
+    if ctx.device.type == "cuda":
+        mine["cuda"] = torch.cuda.get_rng_state(ctx.device)
+    if ctx.world == 1:
+        return [mine]
+    states = [None] * ctx.world
+    dist.all_gather_object(states, mine)
+    return states
+
+
+def restore_random_state(states: list[dict], ctx: Context):
+    """This process's state from a checkpoint's ``random_states``. A process it has none for (the run that
+    saved it had fewer) keeps the stream ``seed_own_stream`` gave it, and so does a GPU's generator when the
+    run that saved it had none (``device: auto`` on another machine)."""
+    if ctx.rank >= len(states):
+        return
+    torch.set_rng_state(states[ctx.rank]["cpu"])
+    if ctx.device.type == "cuda" and "cuda" in states[ctx.rank]:
+        torch.cuda.set_rng_state(states[ctx.rank]["cuda"], ctx.device)
+
+
 def wrap(model: torch.nn.Module, ctx: Context, device: torch.device) -> torch.nn.Module:
     """The model to run forward and backward through: DDP when there are several processes."""
     if ctx.world == 1:

@@ -197,7 +197,8 @@ class Session:
                       "tgt_vocab_size": self.tokenizers.target.get_vocab_size(),
                       "joint_vocab": self.tokenizers.joint}
         torch.manual_seed(cfg.seed)
-        self.model = build_model(cfg.model, self.kind, **self.vocab)
+        self.model = build_model(cfg.model, self.kind, **self.vocab)  # the same weights in every process
+        distributed.seed_own_stream(cfg.seed, self.ctx)  # but dropout masks of its own
         self.model.to(self.device)
         *parts, (_, total) = parameter_counts(self.model).items()
         log.info("model: %s parameters (%s)", f"{total:,}", ", ".join(f"{part} {n:,}" for part, n in parts))
@@ -252,15 +253,16 @@ class Session:
         if not self.last_path.is_file():
             return False
         # Training would stop on it again at every re-run: the way out is to start afresh.
-        saved = checkpoint.load(self.last_path, map_location=self.device,
-                                remedy=f"delete {self.checkpoint_dir} to train from the start")
+        # Onto the CPU: a generator takes its state only from there, and load_state_dict copies the weights
+        # and the optimizer's state onto the model's device.
+        saved = checkpoint.load(self.last_path, remedy=f"delete {self.checkpoint_dir} to train from the start")
         reason = self._mismatch(saved, length)
         if reason:
             log.info("%s: %s; starting afresh", self.last_path, reason)
             return False
         self.model.load_state_dict(saved["model"])
         self.optimizer.load_state_dict(saved["optimizer"])
-        torch.set_rng_state(saved["rng"])
+        distributed.restore_random_state(saved["rng"], self.ctx)
         for name, generator in self.generators.items():
             generator.set_state(saved["generators"][name])
         self.state = {k: saved[k] for k in self.state}
@@ -280,11 +282,12 @@ class Session:
         return None
 
     def save_last(self):
+        rng = distributed.random_states(self.ctx)  # every process's, gathered: they all take part
         if not self.ctx.is_main:
             return
         checkpoint.save(
             {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-             "rng": torch.get_rng_state(), "generators": {k: g.get_state() for k, g in self.generators.items()},
+             "rng": rng, "generators": {k: g.get_state() for k, g in self.generators.items()},
              **self.state, **self.identity},
             self.last_path,
         )

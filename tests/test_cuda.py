@@ -144,3 +144,30 @@ def test_an_lm_scores_a_text_on_cuda_as_on_the_cpu():
     here = text_metrics(model, ids, 50, 16)
     there = text_metrics(model.cuda(), ids, 50, 16)
     assert there["loss"] == pytest.approx(here["loss"], rel=1e-4) and there["tokens"] == here["tokens"]
+
+
+def test_raising_epochs_resumes_on_cuda_to_the_same_model(tmp_path, tiny_params):
+    """A checkpoint resumes onto the GPU: it loads onto the CPU, where generators take their states from, the
+    GPU's own (dropout's masks there) among them. 1 epoch and then 2 train 2 epochs' model."""
+    from lib import checkpoint, tokenizer, training
+    from lib.config import stage_config
+    from lib.tasks import run_prepare
+    from tests.test_distributed import assert_same_model
+
+    tiny_params["cumsum"]["train"]["device"] = "cuda"
+    cfg = lambda stage: stage_config(tiny_params, "cumsum", stage)  # noqa: E731
+    run_prepare("cumsum", cfg("prepare"), tmp_path / "data")
+    tokenizer.run("cumsum", cfg("tokenize"), tmp_path / "data", tmp_path / "tok")
+
+    def train(name: str, epochs: int):
+        tiny_params["cumsum"]["train"]["epochs"] = epochs
+        out = tmp_path / name
+        return training.run("cumsum", cfg("train"), tmp_path / "data", tmp_path / "tok", out / "model.pt",
+                            out / "ckpt", out / "live"), out
+
+    train("resumed", 1)
+    summary, resumed = train("resumed", 2)
+    assert summary["resumed"] and "cuda" in checkpoint.load(resumed / "ckpt" / "last.pt")["rng"][0]
+    _, straight = train("straight", 2)
+    assert checkpoint.load(straight / "model.pt")["step"] == summary["step"]  # the best is the last epoch
+    assert_same_model(straight / "model.pt", resumed / "model.pt")

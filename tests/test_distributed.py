@@ -3,7 +3,6 @@ encoder-decoder (token-budget batches, sharded by rows) and the LM (random block
 
 import contextlib
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -144,19 +143,27 @@ def test_two_machines_meeting_at_a_rendezvous_train_the_same_model_as_one(runs):
 
 
 def test_raising_epochs_resumes_under_torchrun(runs):
-    """2 processes train 1 epoch, then continue to 2 from rank 0's checkpoint: one process's 2 epochs."""
-    single, ddp = runs
-    root = ddp.parent
+    """2 processes with dropout train 1 epoch, then continue to 2 from rank 0's checkpoint: the very model 2
+    processes train in 2 epochs straight. The checkpoint holds each process's random state, and they differ:
+    the processes draw dropout masks of their own."""
+    root = runs[1].parent
     params = yaml.safe_load((root / "params.yaml").read_text())
-    params["cumsum"]["train"]["epochs"] = 2
-    longer = root / "params-2-epochs.yaml"
-    longer.write_text(yaml.safe_dump(params))
-    shutil.copytree(ddp, root / "ddp-resumed")
+    params["cumsum"]["train"]["model"]["dropout"] = 0.1
+    paths = {}
+    for epochs in (1, 2):
+        params["cumsum"]["train"]["epochs"] = epochs
+        paths[epochs] = root / f"params-dropout-{epochs}.yaml"
+        paths[epochs].write_text(yaml.safe_dump(params))
+    first = train(root, paths[1], "ddp-dropout", 2)
+    states = checkpoint.load(first / "ckpt" / "last.pt")["rng"]
+    assert len(states) == 2 and not torch.equal(states[0]["cpu"], states[1]["cpu"])
     log = []
-    resumed = train(root, longer, "ddp-resumed", 2, log=log)
+    resumed = checkpoint.load(train(root, paths[2], "ddp-dropout", 2, log=log) / "model.pt")
     assert log[0].count("resuming from") == 1 and "at step" in log[0]  # said once: rank 0 speaks for all
     assert log[0].count("stopped: trained 2 epochs") == 1
-    assert_same_model(train(root, longer, "single-2-epochs", 1) / "model.pt", resumed / "model.pt")
+    straight = checkpoint.load(train(root, paths[2], "ddp-dropout-straight", 2) / "model.pt")
+    assert resumed["step"] == straight["step"] and resumed["valid_loss"] == straight["valid_loss"]
+    assert all(torch.equal(weight, straight["model"][name]) for name, weight in resumed["model"].items())
 
 
 def test_only_rank_zero_writes(runs):
