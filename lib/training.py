@@ -441,7 +441,7 @@ def average_weights(paths: list[Path]) -> dict:
 def stop_reason(cfg: TrainConfig, state: dict) -> str | None:
     """Why training stops before its next epoch, or None to go on."""
     if state["epoch"] >= cfg.epochs:
-        return f"trained {cfg.epochs} epochs (train.epochs)"
+        return f"trained {cfg.epochs} epoch{'s' * (cfg.epochs != 1)} (train.epochs)"
     if cfg.time_budget_minutes and state["elapsed_s"] >= 60 * cfg.time_budget_minutes:
         return f"spent {state['elapsed_s'] / 60:.1f} minutes (train.time_budget_minutes: {cfg.time_budget_minutes})"
     if cfg.patience and state["epochs_since_best"] >= cfg.patience:

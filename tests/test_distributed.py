@@ -139,7 +139,7 @@ def test_two_machines_meeting_at_a_rendezvous_train_the_same_model_as_one(runs):
     assert codes == [0, 0], "\n".join(f"launcher {i}: ...{log[-2500:]}" for i, log in enumerate(logs))
     assert_same_model(single / "model.pt", out / "model.pt")
     assert written(out) == written(single)  # one writer, on whichever machine holds rank 0
-    assert sum(log.count("stopped: trained 1 epoch") for log in logs) == 1
+    assert sum(log.count("stopped: trained 1 epoch (train.epochs)") for log in logs) == 1
 
 
 def test_raising_epochs_resumes_under_torchrun(runs):
