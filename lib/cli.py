@@ -1,11 +1,13 @@
 """What every stage script shares: parse the task and the paths dvc.yaml gives,
-load and validate the stage's params, and turn a known failure (or Ctrl-C, or SIGTERM) into one line."""
+load and validate the stage's params, and turn a known failure (or Ctrl-C, or SIGTERM) into one line; an
+unforeseen one keeps Python's traceback, with nothing after it."""
 
 import argparse
 import logging
 import os
 import signal
 import sys
+import traceback
 
 from lib.config import ConfigError, load_params, stage_config
 
@@ -58,4 +60,9 @@ def stage_main(stage: str, paths: list[str], run, argv: list[str] | None = None)
         again = "resumes from the last checkpoint" if stage == "train" else "runs the stage again"
         print(f"{stage}@{args.task}: {what}; nothing was left half-written, and a re-run {again}", file=sys.stderr)
         _exit(status)
+    except Exception as err:  # a bug or an unforeseen failure: Python's own traceback, but readable
+        # The traceback keeps every frame's variables alive until the interpreter's teardown, where the
+        # git objects dvclive opened (dulwich) fail to close, adding ~25 lines of noise after the error.
+        traceback.clear_frames(err.__traceback__)
+        raise
     _exit(0)
