@@ -3,7 +3,8 @@
 Launched by torchrun (WORLD_SIZE > 1 in the environment), every process
 builds the same global batch from the same seed and trains on its own slice
 of it (rows rank, rank + world, ...); DDP averages the gradients, so the
-update is the single-process one on the whole batch. Only rank 0 writes
+update is the single-process one on the whole batch (dropout aside: each
+process draws masks of its own, ``seed_own_stream``). Only rank 0 writes
 checkpoints, metrics and logs (the others log warnings and errors only).
 Backends: nccl on CUDA, gloo on CPU.
 
