@@ -79,7 +79,7 @@ def seed_own_stream(seed: int, ctx: Context):
     process, which thus trains as it always has.
     """
     if ctx.rank > 0:
-        torch.manual_seed(seed + (ctx.rank << 32))  # seeds are below 2**32 (config.check_seed): no run's own
+        torch.manual_seed(seed + (ctx.rank << 32))  # above 2**32: no run's train.seed (config.check_seed)
 
 
 def random_states(ctx: Context) -> list[dict]:

@@ -147,8 +147,9 @@ def test_an_lm_scores_a_text_on_cuda_as_on_the_cpu():
 
 
 def test_raising_epochs_resumes_on_cuda_to_the_same_model(tmp_path, tiny_params):
-    """A checkpoint resumes onto the GPU: it loads onto the CPU, where generators take their states from, the
-    GPU's own (dropout's masks there) among them. 1 epoch and then 2 train 2 epochs' model."""
+    """A checkpoint resumes on the GPU: it is loaded onto the CPU (a generator takes its state only from there),
+    and the GPU's generator, which draws dropout's masks there, is restored too: 1 epoch and then 2 end on the
+    model of 2 epochs straight."""
     from lib import checkpoint, tokenizer, training
     from lib.config import stage_config
     from lib.tasks import run_prepare

@@ -158,11 +158,11 @@ def test_raising_epochs_resumes_under_torchrun(runs):
     states = checkpoint.load(first / "ckpt" / "last.pt")["rng"]
     assert len(states) == 2 and not torch.equal(states[0]["cpu"], states[1]["cpu"])
     log = []
-    resumed = checkpoint.load(train(root, paths[2], "ddp-dropout", 2, log=log) / "model.pt")
+    resumed = checkpoint.load(train(root, paths[2], "ddp-dropout", 2, log=log) / "ckpt" / "last.pt")
     assert log[0].count("resuming from") == 1 and "at step" in log[0]  # said once: rank 0 speaks for all
     assert log[0].count("stopped: trained 2 epochs") == 1
-    straight = checkpoint.load(train(root, paths[2], "ddp-dropout-straight", 2) / "model.pt")
-    assert resumed["step"] == straight["step"] and resumed["valid_loss"] == straight["valid_loss"]
+    straight = checkpoint.load(train(root, paths[2], "ddp-dropout-straight", 2) / "ckpt" / "last.pt")
+    assert resumed["step"] == straight["step"] and resumed["best_valid_loss"] == straight["best_valid_loss"]
     assert all(torch.equal(weight, straight["model"][name]) for name, weight in resumed["model"].items())
 
 
