@@ -150,21 +150,18 @@ def test_raising_epochs_resumes_on_cuda_to_the_same_model(tmp_path, tiny_params)
     """A checkpoint resumes on the GPU: it is loaded onto the CPU (a generator takes its state only from there),
     and the GPU's generator, which draws dropout's masks there, is restored too: 1 epoch and then 2 end on the
     model of 2 epochs straight."""
-    from lib import checkpoint, tokenizer, training
+    from lib import checkpoint, training
     from lib.config import stage_config
-    from lib.tasks import run_prepare
-    from tests.test_distributed import assert_same_model
+    from tests.test_distributed import assert_same_model, prepare
 
     tiny_params["cumsum"]["train"]["device"] = "cuda"
-    cfg = lambda stage: stage_config(tiny_params, "cumsum", stage)  # noqa: E731
-    run_prepare("cumsum", cfg("prepare"), tmp_path / "data")
-    tokenizer.run("cumsum", cfg("tokenize"), tmp_path / "data", tmp_path / "tok")
+    prepare(tmp_path, tiny_params, "cumsum")
 
     def train(name: str, epochs: int):
         tiny_params["cumsum"]["train"]["epochs"] = epochs
         out = tmp_path / name
-        return training.run("cumsum", cfg("train"), tmp_path / "data", tmp_path / "tok", out / "model.pt",
-                            out / "ckpt", out / "live"), out
+        return training.run("cumsum", stage_config(tiny_params, "cumsum", "train"), tmp_path / "data",
+                            tmp_path / "tok", out / "model.pt", out / "ckpt", out / "live"), out
 
     train("resumed", 1)
     summary, resumed = train("resumed", 2)
