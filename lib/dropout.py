@@ -18,8 +18,9 @@ from torch import nn
 
 
 def eager_on_cpu(x: torch.Tensor) -> bool:
-    """Whether the CPU-only shortcuts (here, and attention's skipped pass) apply to ``x``: on a GPU
-    torch's own forms are cheaper, and under torch.compile they are the ones it can trace."""
+    """Whether the CPU-only shortcuts (here, attention's skipped pass, the loss's widening of bf16 logits)
+    apply to ``x``: on a GPU torch's own forms are cheaper, and under torch.compile they are the ones it
+    can trace."""
     return x.device.type == "cpu" and not torch.compiler.is_compiling()
 
 

@@ -104,6 +104,28 @@ def test_generator_nll_under_bf16_autocast_stays_close_to_float32():
     assert torch.allclose(hidden.grad, exact_grad, atol=2e-2 * exact_grad.abs().max().item())
 
 
+def test_widening_bf16_logits_by_a_cast_gives_what_the_mixed_subtraction_gives(monkeypatch):
+    """A CPU casts each block of bf16 logits to float32 before shifting it; a GPU (or a compiled model)
+    subtracts in mixed precision. The cast is exact, so the two give the same loss and gradients, bit for bit."""
+    torch.manual_seed(0)
+    generator = torch.nn.Linear(16, 50)
+    hidden = torch.randn(40, 16, requires_grad=True)
+    target = torch.randint(0, 50, (40,))
+
+    def run():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss, _ = generator_nll(hidden, generator, target, PAD, 0.1, rows=16)
+        loss.backward()
+        grads = [t.grad for t in (hidden, generator.weight, generator.bias)]
+        hidden.grad = generator.weight.grad = generator.bias.grad = None
+        return [loss, *grads]
+
+    cast = run()
+    monkeypatch.setattr("lib.optim.eager_on_cpu", lambda x: False)  # the form a GPU takes
+    mixed = run()
+    assert all(torch.equal(a, b) for a, b in zip(cast, mixed))
+
+
 @pytest.mark.parametrize("smoothing", [0.0, 0.1, 0.3])
 def test_the_smoothed_loss_floor_is_the_loss_of_predicting_the_smoothed_targets(smoothing):
     """No logits reach a lower label-smoothed loss than the floor, and predicting the smoothed
