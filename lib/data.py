@@ -71,6 +71,10 @@ class Pairs:
     def __len__(self):
         return len(self.src)
 
+    def widths(self) -> list[int]:
+        """Each pair's wider side, as a batch pads it: the source, or the target with its bos (or eos)."""
+        return [max(len(s), len(t) + 1) for s, t in zip(self.src, self.tgt)]
+
     @cached_property
     def packed(self) -> tuple[Packed, Packed]:
         """The source and target sequences packed, made once: a batch is then a few tensor
@@ -114,7 +118,7 @@ def token_budget_batches(
     """
     n = len(pairs)
     order = torch.randperm(n, generator=generator).tolist() if generator is not None else list(range(n))
-    lengths = [max(len(pairs.src[i]), len(pairs.tgt[i]) + 1) for i in range(n)]
+    lengths = pairs.widths()
     order.sort(key=lambda i: lengths[i])  # stable: random ties stay random
     batches, current, longest = [], [], 0
     for i in order:

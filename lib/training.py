@@ -430,6 +430,16 @@ def fit_lengths(pairs: Pairs, max_len: int, split: str, too_long: str) -> Pairs:
     return Pairs([pairs.src[i] for i in kept], [pairs.tgt[i] for i in kept])
 
 
+def check_budget(pairs: Pairs, max_tokens: int):
+    """Warn when pairs are wider than the token budget: each of them is a batch of its own (token_budget_batches),
+    one sentence a batch, and a budget meant in sentences (max_tokens: 8) makes every batch that."""
+    over = [width for width in pairs.widths() if width > max_tokens]
+    if over:
+        log.warning("train.max_tokens %d: %s of %s train pairs are wider (up to %d tokens a side), and each of them "
+                    "is a batch of one sentence; raise it to batch them", max_tokens, f"{len(over):,}",
+                    f"{len(pairs):,}", max(over))
+
+
 def average_weights(paths: list[Path]) -> dict:
     """The element-wise mean of several saved models' weights (checkpoint averaging)."""
     states = [checkpoint.load(path, remedy=f"delete {path.parent} to train from the start")["model"]
@@ -462,6 +472,7 @@ def train_seq2seq(task, cfg: TrainConfig, data_dir, tokenizer_dir, model_path, c
     valid = encode_pairs(run.tokenizers, read_split(data_dir, "valid"))
     train = fit_lengths(train, cfg.model.max_len, "train", cfg.too_long)
     valid = fit_lengths(valid, cfg.model.max_len, "valid", cfg.too_long)
+    check_budget(train, cfg.max_tokens)
     run.open()
 
     def load(indices: list[int]):  # this process's part of a global batch, on its way to the device
