@@ -571,24 +571,31 @@ def test_too_long_pairs_are_skipped_with_a_count_when_asked(tmp_path, built, tin
     assert (tmp_path / "model.pt").is_file()
 
 
-def test_a_budget_below_the_widest_pairs_is_named_with_how_many_it_leaves_alone(tmp_path, built, tiny_params, caplog):
-    """max_tokens below a pair's width still trains (the pair is a batch of one), with a warning naming the key;
-    a budget that batches every pair says nothing."""
+def test_a_budget_below_the_widest_pairs_is_named_with_how_many_it_leaves_alone(tmp_path, built, tiny_params, caplog,
+                                                                               monkeypatch):
+    """max_tokens below a pair's width is valid (the pair is a batch of one), but a warning names the key before
+    the first step; a budget that batches every pair says nothing. Each run stops right after the check: at
+    max_tokens 5 every tiny pair is a batch of its own, 400 steps an epoch."""
+    class Checked(Exception):
+        pass
+
+    def check_then_stop(pairs, max_tokens, check=training.check_budget):
+        check(pairs, max_tokens)
+        raise Checked
+
+    monkeypatch.setattr(training, "check_budget", check_then_stop)
     paths = (built["data"], built["tokenizer"], tmp_path / "model.pt", tmp_path / "ckpt", tmp_path / "live")
-    tiny_params["cumsum"]["train"].update(epochs=1, max_tokens=5)
-    with caplog.at_level("WARNING", logger="lib.training"):
-        summary = training.run("cumsum", stage_config(tiny_params, "cumsum", "train"), *paths)
     # n digits to n sums: n + 1 tokens on the target side (bos or eos), over the budget for n = 5, the longest
     wide = (pd.read_parquet(built["data"] / "train.parquet")["src"].str.split().str.len() == 5).sum()
     assert wide > 0
-    assert (f"train.max_tokens 5: {wide} of 400 train pairs are wider (up to 6 tokens a side), and each of them is "
-            "a batch of one sentence") in caplog.text
-    assert summary["step"] > 0 and (tmp_path / "model.pt").is_file()
-    caplog.clear()
-    tiny_params["cumsum"]["train"]["max_tokens"] = 6
-    with caplog.at_level("WARNING", logger="lib.training"):
-        training.run("cumsum", stage_config(tiny_params, "cumsum", "train"), *paths)
-    assert "max_tokens" not in caplog.text
+    for max_tokens, warning in ((5, f"train.max_tokens 5: {wide} of 400 train pairs are wider (up to 6 tokens a "
+                                    "side), and each of them is a batch of one sentence; raise it to batch them"),
+                                (6, "")):
+        tiny_params["cumsum"]["train"]["max_tokens"] = max_tokens
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="lib.training"), pytest.raises(Checked):
+            training.run("cumsum", stage_config(tiny_params, "cumsum", "train"), *paths)
+        assert warning in caplog.text and ("max_tokens" in caplog.text) == bool(warning)
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the setting is glibc's")
