@@ -571,8 +571,7 @@ def test_too_long_pairs_are_skipped_with_a_count_when_asked(tmp_path, built, tin
     assert (tmp_path / "model.pt").is_file()
 
 
-def test_a_budget_below_the_widest_pairs_is_named_with_how_many_it_leaves_alone(tmp_path, built, tiny_params, caplog,
-                                                                               monkeypatch):
+def test_a_budget_below_the_widest_pairs_is_named_with_their_count(tmp_path, built, tiny_params, caplog, monkeypatch):
     """max_tokens below a pair's width is valid (the pair is a batch of one), but a warning names the key before
     the first step; a budget that batches every pair says nothing. Each run stops right after the check: at
     max_tokens 5 every tiny pair is a batch of its own, 400 steps an epoch."""
