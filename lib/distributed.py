@@ -5,7 +5,9 @@ builds the same global batch from the same seed and trains on its own slice
 of it (rows rank, rank + world, ...); DDP averages the gradients, so the
 update is the single-process one on the whole batch (dropout aside: each
 process draws masks of its own, ``seed_own_stream``). Only rank 0 writes
-checkpoints, metrics and logs (the others log warnings and errors only).
+checkpoints, metrics and logs; the others log errors only: every process runs
+the same code on the same data and params, so rank 0's warnings are theirs,
+said once rather than once a process.
 Backends: nccl on CUDA, gloo on CPU.
 
     torchrun --standalone --nproc_per_node 8 -m stages.train multi30k ...        # 8 GPUs, one machine
@@ -41,8 +43,8 @@ def setup(device: torch.device) -> Context:
         return Context(0, 1, device)
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    if dist.get_rank() != 0:  # rank 0 speaks for all; the others say only what goes wrong
-        logging.getLogger("lib").setLevel(logging.WARNING)
+    if dist.get_rank() != 0:  # rank 0 speaks for all, warnings included; the others say only what fails
+        logging.getLogger("lib").setLevel(logging.ERROR)
     return Context(dist.get_rank(), world, device)
 
 

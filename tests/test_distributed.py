@@ -83,8 +83,11 @@ def runs(tmp_path_factory):
     params = yaml.safe_load(yaml.safe_dump(TINY_PARAMS))
     params["cumsum"]["train"]["model"]["dropout"] = 0.0  # dropout masks are drawn per process
     params["cumsum"]["train"]["epochs"] = 1
+    # Something to warn of: max_len 5 skips the pairs of length 5, whose targets with their eos are 6 tokens.
+    params["cumsum"]["train"].update(too_long="skip", model={**params["cumsum"]["train"]["model"], "max_len": 5})
     params_path = prepare(tmp_path, params, "cumsum")
-    return train(tmp_path, params_path, "single", 1), train(tmp_path, params_path, "ddp", 2)
+    log = []
+    return train(tmp_path, params_path, "single", 1), train(tmp_path, params_path, "ddp", 2, log=log), log[0]
 
 
 def assert_same_model(path, other_path):
@@ -105,7 +108,7 @@ def assert_same_model(path, other_path):
 
 
 def test_two_processes_train_the_same_model_as_one(runs):
-    single, ddp = runs
+    single, ddp, _ = runs
     assert_same_model(single / "model.pt", ddp / "model.pt")
 
 
@@ -113,7 +116,7 @@ def test_two_machines_meeting_at_a_rendezvous_train_the_same_model_as_one(runs):
     """The README's two-machine command, both "machines" here: two launchers of the same command, one process
     each, that find each other at a c10d rendezvous endpoint (which numbers them as they arrive: rank 0 may be
     either) and write to one (shared) directory."""
-    single, ddp = runs
+    single, ddp, _ = runs
     root = ddp.parent
     out = root / "two-machines"
 
@@ -140,6 +143,7 @@ def test_two_machines_meeting_at_a_rendezvous_train_the_same_model_as_one(runs):
     assert_same_model(single / "model.pt", out / "model.pt")
     assert written(out) == written(single)  # one writer, on whichever machine holds rank 0
     assert sum(log.count("stopped: trained 1 epoch (train.epochs)") for log in logs) == 1
+    assert sum(log.count("WARNING lib.") for log in logs) == 2  # the train and valid pairs skipped, said once
 
 
 def test_raising_epochs_resumes_under_torchrun(runs):
@@ -166,8 +170,15 @@ def test_raising_epochs_resumes_under_torchrun(runs):
     assert all(torch.equal(weight, straight["model"][name]) for name, weight in resumed["model"].items())
 
 
+def test_rank_zero_alone_warns(runs):
+    """Every process reads the same data with the same params, so a warning about them is every process's:
+    rank 0 says it once, rather than once a process (16 times on 2 machines of 8 GPUs)."""
+    warnings = [line for line in runs[2].splitlines() if "WARNING lib." in line]
+    assert [line.split(": ")[1] for line in warnings] == ["train", "valid"], warnings  # "train: skipped 113 of..."
+
+
 def test_only_rank_zero_writes(runs):
-    single, ddp = runs
+    single, ddp, _ = runs
     assert written(ddp) == written(single)  # the same files, once each, and nothing half-written
     assert not [p for p in ddp.rglob("*") if p.name.endswith(".tmp")]
     steps = (ddp / "live" / "plots" / "metrics" / "train" / "loss.tsv").read_text().splitlines()
