@@ -5,9 +5,11 @@ builds the same global batch from the same seed and trains on its own slice
 of it (rows rank, rank + world, ...); DDP averages the gradients, so the
 update is the single-process one on the whole batch (dropout aside: each
 process draws masks of its own, ``seed_own_stream``). Only rank 0 writes
-checkpoints, metrics and logs; the others log errors only: every process runs
-the same code on the same data and params, so rank 0's warnings are theirs,
-said once rather than once a process.
+checkpoints, metrics and logs. Warnings come once a machine, from its first
+process (local rank 0): the processes read the same data with the same params,
+so the warnings about those are alike, but one can be a machine's own (a CPU
+without native bfloat16), and each machine's launcher shows only its own
+processes' output. The other processes log errors only.
 Backends: nccl on CUDA, gloo on CPU.
 
     torchrun --standalone --nproc_per_node 8 -m stages.train multi30k ...        # 8 GPUs, one machine
@@ -43,8 +45,9 @@ def setup(device: torch.device) -> Context:
         return Context(0, 1, device)
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    if dist.get_rank() != 0:  # rank 0 speaks for all, warnings included; the others say only what fails
-        logging.getLogger("lib").setLevel(logging.ERROR)
+    if dist.get_rank() != 0:  # rank 0 speaks for all; a machine's first process warns; the rest say what fails
+        first_on_machine = os.environ.get("LOCAL_RANK", "0") == "0"
+        logging.getLogger("lib").setLevel(logging.WARNING if first_on_machine else logging.ERROR)
     return Context(dist.get_rank(), world, device)
 
 
