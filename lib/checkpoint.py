@@ -43,17 +43,33 @@ def atomic_path(path: str | Path):
 
 @contextmanager
 def atomic_dir(path: str | Path):
-    """Yield a fresh temporary directory beside ``path``; it replaces ``path`` only on success."""
+    """Yield a fresh temporary directory beside ``path``; it replaces ``path`` only on success.
+
+    The swap is two renames (the previous directory aside, the new one into place), each atomic, so a
+    crash or Ctrl-C at any moment leaves one whole directory at ``path`` or aside, never a half-deleted
+    one; the previous directory is deleted only once the new one is in place, and put back otherwise.
+    """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
+    previous = path.with_name(f".{path.name}.previous")
+    _put_back(previous, path)  # a run killed between the two renames left it aside
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
         yield tmp
-        shutil.rmtree(path, ignore_errors=True)
+        if path.exists():
+            path.rename(previous)
         tmp.rename(path)
     finally:
+        _put_back(previous, path)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _put_back(previous: Path, path: Path):
+    """Return the directory set aside to ``path`` if nothing took its place; delete it if something did."""
+    if previous.exists() and not path.exists():
+        previous.rename(path)
+    shutil.rmtree(previous, ignore_errors=True)
 
 
 def save(obj: dict, path: str | Path):

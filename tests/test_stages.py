@@ -1,5 +1,6 @@
 """Each stage's ``run`` on tiny params in a temporary directory, and resuming training."""
 
+import contextlib
 import functools
 import json
 import platform
@@ -470,6 +471,47 @@ def test_model_and_tokenizer_from_different_runs_are_named(tmp_path, built, tiny
         checkpoint.load_trained(built["model"], tmp_path / "tok")
     model, tokenizers, state = checkpoint.load_trained(built["model"], built["tokenizer"])
     assert state["tgt_vocab_size"] == tokenizers.target.get_vocab_size() and not model.training
+
+
+def test_a_directory_is_replaced_whole_or_left_as_it_was(tmp_path, monkeypatch):
+    """prepare and tokenize write a directory each: the new one goes into place by rename, and where that
+    fails (a full disk, Ctrl-C between the two renames) the previous one is put back whole."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.txt").write_text("the earlier data")
+    rename = type(data).rename
+
+    def failing_rename(self, target):
+        if self.name == ".data.tmp":
+            raise OSError("no space left on device")
+        return rename(self, target)
+
+    monkeypatch.setattr(type(data), "rename", failing_rename)
+    with pytest.raises(OSError, match="no space left"), checkpoint.atomic_dir(data) as tmp:
+        (tmp / "train.txt").write_text("the new data")
+    assert [p.name for p in tmp_path.iterdir()] == ["data"]  # nothing aside, nothing half-written
+    assert (data / "train.txt").read_text() == "the earlier data"
+
+    monkeypatch.setattr(type(data), "rename", rename)
+    with checkpoint.atomic_dir(data) as tmp:
+        (tmp / "train.txt").write_text("the new data")
+    assert [p.name for p in tmp_path.iterdir()] == ["data"]
+    assert (data / "train.txt").read_text() == "the new data"
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_a_directory_set_aside_by_a_killed_run_is_put_back(tmp_path, fails):
+    """A kill between the two renames leaves the previous directory aside and none in place: the next
+    run puts it back first, so that an error in that run too leaves the user's data where it was."""
+    data, aside = tmp_path / "data", tmp_path / ".data.previous"
+    aside.mkdir()
+    (aside / "train.txt").write_text("the earlier data")
+    with pytest.raises(ValueError) if fails else contextlib.nullcontext(), checkpoint.atomic_dir(data) as tmp:
+        if fails:
+            raise ValueError("bad params")
+        (tmp / "train.txt").write_text("the new data")
+    assert [p.name for p in tmp_path.iterdir()] == ["data"]
+    assert (data / "train.txt").read_text() == ("the earlier data" if fails else "the new data")
 
 
 def test_split_without_its_columns_is_named(tmp_path):
