@@ -469,9 +469,22 @@ def lm_sections(cfg, data_dir, tokenizers, model, samples, figures_dir: Path, re
 
 def run(task, cfg, data_dir, tokenizer_dir, model_path, metrics_path, samples_path, live_dir, report_path,
         figures_dir):
-    report_path, figures_dir, live_dir = Path(report_path), Path(figures_dir), Path(live_dir)
-    figures_dir.mkdir(parents=True, exist_ok=True)
+    """Draw the figures into a fresh directory that replaces ``figures_dir`` once all are drawn, then write
+    report.md: an error or Ctrl-C half way leaves the previous report and its figures as they were, and a
+    report with fewer figures than the last leaves none of the last's behind."""
+    report_path, figures_dir = Path(report_path), Path(figures_dir)
     rel = figures_dir.relative_to(report_path.parent)
+    with checkpoint.atomic_dir(figures_dir) as drawing:
+        lines = report_lines(task, cfg, data_dir, tokenizer_dir, model_path, metrics_path, samples_path,
+                             Path(live_dir), drawing, rel)
+    with checkpoint.atomic_path(report_path) as tmp:
+        tmp.write_text("\n".join(lines))
+    write_index(report_path.parent.parent)
+
+
+def report_lines(task, cfg, data_dir, tokenizer_dir, model_path, metrics_path, samples_path, live_dir: Path,
+                 figures_dir: Path, rel: Path) -> list[str]:
+    """report.md's lines, drawing its figures into ``figures_dir``, which the report links as ``rel``."""
     metrics = json.loads(Path(metrics_path).read_text())
     samples = pd.read_json(samples_path, lines=True, dtype=False)  # "7" stays text
     model, tokenizers, state = checkpoint.load_trained(model_path, tokenizer_dir)
@@ -500,6 +513,4 @@ def run(task, cfg, data_dir, tokenizer_dir, model_path, metrics_path, samples_pa
         lines += lm_sections(cfg, data_dir, tokenizers, model, samples, figures_dir, rel)
     else:
         lines += seq2seq_sections(module, cfg, data_dir, tokenizers, model, metrics, samples, figures_dir, rel)
-    with checkpoint.atomic_path(report_path) as tmp:
-        tmp.write_text("\n".join(lines))
-    write_index(report_path.parent.parent)
+    return lines

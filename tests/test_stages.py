@@ -241,6 +241,35 @@ def test_report_links_only_existing_pngs(built):
         assert width > 100 and height > 100
 
 
+def test_a_report_is_drawn_whole_or_leaves_the_last_one_as_it_was(tmp_path, built, tiny_params, monkeypatch):
+    """The figures go into place all at once, after the last is drawn: a failure half way leaves the
+    last report and every figure it links, and a report with fewer figures leaves none of the last's."""
+    report, figures = tmp_path / "cumsum" / "report.md", tmp_path / "cumsum" / "figures"
+
+    def draw(n_examples):
+        tiny_params["cumsum"]["report"]["n_attention_examples"] = n_examples
+        reporting.run("cumsum", stage_config(tiny_params, "cumsum", "report"), built["data"], built["tokenizer"],
+                      built["model"], built["metrics"], built["samples"], built["live"], report, figures)
+        return {p.name: p.read_bytes() for p in figures.iterdir()}
+
+    draw(2)
+    for png in figures.iterdir():  # marked, to tell the last report's figures from ones drawn again alike
+        png.write_bytes(b"the last report's " + png.name.encode())
+    before, text = {p.name: p.read_bytes() for p in figures.iterdir()}, report.read_text()
+    def disk_full(*args):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(reporting, "plot_by_length", disk_full)
+    with pytest.raises(OSError, match="disk full"):
+        draw(1)  # the example figures are drawn before the accuracy by length
+    assert {p.name: p.read_bytes() for p in figures.iterdir()} == before and report.read_text() == text
+    assert sorted(p.name for p in report.parent.iterdir()) == ["figures", "report.md"]
+    monkeypatch.undo()
+    assert "cross_attention_2.png" in before and "_2.png" in text
+    assert sorted(draw(1)) == sorted(name for name in before if not name.endswith("_2.png"))
+    assert "_2.png" not in report.read_text()
+
+
 def test_where_it_breaks_shows_a_wrong_sequence_of_that_length_and_the_steps_that_wrote_it(built):
     """The report's last attention figures: the first wrong sequence at cumsum.breaking_length, and the
     model teacher-forced on its own greedy output, whose likeliest tokens are that output again: the
