@@ -53,6 +53,8 @@ def atomic_dir(path: str | Path):
     tmp = path.with_name(f".{path.name}.tmp")
     previous = path.with_name(f".{path.name}.previous")
     _put_back(previous, path)  # a run killed between the two renames left it aside
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{path}: a file is there, where a directory is written (move it or name another path)")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:

@@ -528,6 +528,16 @@ def test_a_directory_is_replaced_whole_or_left_as_it_was(tmp_path, monkeypatch):
     assert (data / "train.txt").read_text() == "the new data"
 
 
+def test_a_file_where_a_directory_is_written_is_named_and_kept(tmp_path):
+    (tmp_path / "data").write_text("the user's notes")
+    result = subprocess.run([sys.executable, "-m", "stages.prepare", "cumsum", "--out", str(tmp_path / "data")],
+                            cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (f"prepare@cumsum: error: {tmp_path / 'data'}: a file is there, where a "
+                                     "directory is written (move it or name another path)")
+    assert [p.name for p in tmp_path.iterdir()] == ["data"] and (tmp_path / "data").read_text() == "the user's notes"
+
+
 @pytest.mark.parametrize("fails", [False, True])
 def test_a_directory_set_aside_by_a_killed_run_is_put_back(tmp_path, fails):
     """A kill between the two renames leaves the previous directory aside and none in place: the next
