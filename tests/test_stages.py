@@ -256,6 +256,7 @@ def test_a_report_is_drawn_whole_or_leaves_the_last_one_as_it_was(tmp_path, buil
     for png in figures.iterdir():  # marked, to tell the last report's figures from ones drawn again alike
         png.write_bytes(b"the last report's " + png.name.encode())
     before, text = {p.name: p.read_bytes() for p in figures.iterdir()}, report.read_text()
+
     def disk_full(*args):
         raise OSError("disk full")
 
