@@ -21,6 +21,24 @@ def _read_umask() -> int:
 NEW_FILE_MODE = 0o666 & ~_read_umask()  # what open() gives a new file
 
 
+def check_writable(path: str | Path, directory: bool = False, option: str = ""):
+    """Raise a ValueError naming ``path`` (after ``option``, the command-line option that gave it, if any)
+    when what is already on disk would stop a file, or a ``directory``, being written there: a directory
+    where a file goes, or a file where a directory goes or where one above it goes. A stage checks its
+    outputs before its work, so that such a mistake costs a second, not a training run."""
+    path = Path(path)
+    a_file_above = next((above for above in path.parents if above.exists() and not above.is_dir()), None)
+    if a_file_above is not None:
+        problem = f"{a_file_above} is a file, where a directory is needed"
+    elif directory and path.exists() and not path.is_dir():
+        problem = "a file is there, where a directory is written"
+    elif not directory and path.is_dir():
+        problem = "a directory is there, where a file is written"
+    else:
+        return
+    raise ValueError(f"{option + ' ' if option else ''}{path}: {problem} (move it or name another path)")
+
+
 @contextmanager
 def atomic_path(path: str | Path):
     """Yield a temporary path beside ``path``; move it into place only on success.
@@ -29,6 +47,7 @@ def atomic_path(path: str | Path):
     no partial file behind.
     """
     path = Path(path)
+    check_writable(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.fchmod(fd, NEW_FILE_MODE)  # mkstemp makes it private (0600): the finished file gets the usual mode
@@ -53,8 +72,7 @@ def atomic_dir(path: str | Path):
     tmp = path.with_name(f".{path.name}.tmp")
     previous = path.with_name(f".{path.name}.previous")
     _put_back(previous, path)  # a run killed between the two renames left it aside
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"{path}: a file is there, where a directory is written (move it or name another path)")
+    check_writable(path, directory=True)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:

@@ -9,6 +9,7 @@ import signal
 import sys
 import traceback
 
+from lib.checkpoint import check_writable
 from lib.config import ConfigError, load_params, stage_config
 
 
@@ -37,18 +38,26 @@ def _exit(status: int):
         sys.exit(status)
 
 
-def stage_main(stage: str, paths: list[str], run, argv: list[str] | None = None):
-    """Call ``run(task, cfg, args)``; ``paths`` are the required --options naming files."""
+FILE, DIRECTORY = "file", "directory"  # what a stage writes at a path
+
+
+def stage_main(stage: str, reads: list[str], writes: dict[str, str], run, argv: list[str] | None = None):
+    """Call ``run(task, cfg, args)``. ``reads`` and ``writes`` are the required --options naming paths: what the
+    stage reads, and what it writes (each a FILE or a DIRECTORY), which is checked first."""
     parser = argparse.ArgumentParser(prog=f"python -m stages.{stage}", description=f"The {stage} stage.")
     parser.add_argument("task", help="a task listed in params.yaml: tasks")
-    for name in paths:
-        parser.add_argument(f"--{name}", required=True, help="path (dvc.yaml passes it)")
+    for name in reads:
+        parser.add_argument(f"--{name}", required=True, help="path to read (dvc.yaml passes it)")
+    for name, kind in writes.items():
+        parser.add_argument(f"--{name}", required=True, help=f"path of the {kind} written (dvc.yaml passes it)")
     parser.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         cfg = stage_config(load_params(args.params), args.task, stage)
+        for name, kind in writes.items():
+            check_writable(getattr(args, name), kind == DIRECTORY, f"--{name}")
         run(args.task, cfg, args)
     except (ConfigError, FileNotFoundError, ValueError) as err:
         print(f"{stage}@{args.task}: error: {err}", file=sys.stderr)

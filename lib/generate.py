@@ -358,10 +358,10 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     try:
-        if args.output != "-" and Path(args.output).is_dir():  # found out before the work, not after it
-            raise ValueError(f"--output {args.output}: is a directory; give a file name")
-        if args.attention and Path(args.attention).exists() and not Path(args.attention).is_dir():
-            raise ValueError(f"--attention {args.attention}: is a file; give a directory")
+        if args.output != "-":  # found out before the work, not after it
+            checkpoint.check_writable(args.output, option="--output")
+        if args.attention:
+            checkpoint.check_writable(args.attention, directory=True, option="--attention")
         kind = get_task(args.task).KIND
         check_options(parser, args, kind)  # before the model loads
         directory = Path(args.models or Path("models") / args.task)

@@ -1,11 +1,14 @@
 """prepare@<task>: make or load the task's data splits into --out."""
 
-from lib.cli import stage_main
+from lib.cli import DIRECTORY, stage_main
 from lib.tasks import run_prepare
+
+READS = []  # the paths the stage reads, as --options
+WRITES = {"out": DIRECTORY}  # and those it writes
 
 
 def main(argv=None):
-    stage_main("prepare", ["out"], lambda task, cfg, a: run_prepare(task, cfg, a.out), argv)
+    stage_main("prepare", READS, WRITES, lambda task, cfg, a: run_prepare(task, cfg, a.out), argv)
 
 
 if __name__ == "__main__":

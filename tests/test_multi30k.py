@@ -489,8 +489,10 @@ def test_generate_reads_stdin_and_names_what_it_cannot_use(tmp_path, trained, ca
     stdin(GERMAN[2].encode() + b"\nEin \xff Hund\n")
     assert "generate: error: stdin: line 2: not UTF-8 (byte 4)" in fails(["--models", str(trained), "--input", "-"])
     (tmp_path / "in.txt").write_text(GERMAN[2] + "\n")
-    assert f"--output {tmp_path}: is a directory" in fails(
+    assert f"--output {tmp_path}: a directory is there, where a file is written" in fails(
         ["--models", str(trained), "--input", str(tmp_path / "in.txt"), "--output", str(tmp_path)])
+    assert f"--attention {tmp_path / 'in.txt'}: a file is there, where a directory is written" in fails(
+        ["--models", str(trained), "--input", "-", "--attention", str(tmp_path / "in.txt")])
     assert "generate: error: --alpha -1.0: must be >= 0; --prompt, --top-k: not for multi30k (translation)\n" == fails(
         ["--models", str(trained), "--input", "-", "--alpha", "-1", "--prompt", "Ein", "--top-k", "5"])
     assert "--n-best 4: must be in [1, --beam-size 3] (the beam holds that many outputs)" in fails(

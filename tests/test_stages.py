@@ -2,6 +2,7 @@
 
 import contextlib
 import functools
+import importlib
 import json
 import platform
 import resource
@@ -11,6 +12,7 @@ import struct
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -19,6 +21,7 @@ import torch.fx.experimental._config
 import yaml
 
 from lib import checkpoint, evaluation, reporting, tokenizer, training
+from lib.cli import DIRECTORY
 from lib.config import ConfigError, stage_config
 from lib.data import collate, read_split, read_text
 from lib.masks import padding_mask, target_mask
@@ -529,14 +532,51 @@ def test_a_directory_is_replaced_whole_or_left_as_it_was(tmp_path, monkeypatch):
     assert (data / "train.txt").read_text() == "the new data"
 
 
-def test_a_file_where_a_directory_is_written_is_named_and_kept(tmp_path):
-    (tmp_path / "data").write_text("the user's notes")
-    result = subprocess.run([sys.executable, "-m", "stages.prepare", "cumsum", "--out", str(tmp_path / "data")],
-                            cwd=ROOT, capture_output=True, text=True)
-    assert result.returncode == 2
-    assert result.stderr.strip() == (f"prepare@cumsum: error: {tmp_path / 'data'}: a file is there, where a "
-                                     "directory is written (move it or name another path)")
-    assert [p.name for p in tmp_path.iterdir()] == ["data"] and (tmp_path / "data").read_text() == "the user's notes"
+def on_disk(root: Path) -> dict[str, str | None]:
+    """Every path under ``root`` with its text (None: a directory)."""
+    return {str(p.relative_to(root)): None if p.is_dir() else p.read_text() for p in sorted(root.rglob("*"))}
+
+
+STAGES = {stage: importlib.import_module(f"stages.{stage}") for stage in ["prepare", "tokenize", "train", "evaluate",
+                                                                          "report"]}
+
+
+@pytest.mark.parametrize("stage, option", [(stage, option) for stage, module in STAGES.items()
+                                           for option in module.WRITES])
+@pytest.mark.parametrize("in_the_way", ["at the path", "above it"])
+def test_an_output_that_cannot_be_written_is_named_before_any_work(tmp_path, capsys, stage, option, in_the_way):
+    """A directory where a stage writes a file, or a file where it writes a directory or where a directory
+    above either is needed, stops the stage before it reads anything (none of its inputs exist here): one
+    line, naming the option and the path, exit status 2, and the user's file or directory kept as it was."""
+    module = STAGES[stage]
+    paths = {name: tmp_path / name for name in [*module.READS, *module.WRITES]}
+    writes_a_directory = module.WRITES[option] == DIRECTORY
+    if in_the_way == "above it":
+        (tmp_path / "notes").write_text("the user's notes")
+        paths[option] = tmp_path / "notes" / option
+        problem = f"{tmp_path / 'notes'} is a file, where a directory is needed"
+    elif writes_a_directory:
+        paths[option].write_text("the user's notes")
+        problem = "a file is there, where a directory is written"
+    else:
+        paths[option].mkdir()
+        (paths[option] / "notes").write_text("the user's notes")
+        problem = "a directory is there, where a file is written"
+    before = on_disk(tmp_path)
+    argv = ["cumsum", "--params", str(ROOT / "params.yaml")]
+    assert run_stage(stage, argv + [arg for name, path in paths.items() for arg in (f"--{name}", str(path))]) == 2
+    assert capsys.readouterr().err == (f"{stage}@cumsum: error: --{option} {paths[option]}: {problem} (move it or "
+                                       "name another path)\n")
+    assert on_disk(tmp_path) == before
+
+
+def test_a_file_is_not_written_over_a_directory(tmp_path):
+    """What a stage checks first, ``atomic_path`` checks too, for a caller that did not."""
+    (tmp_path / "model.pt").mkdir()
+    with pytest.raises(ValueError, match="model.pt: a directory is there, where a file is written"):
+        with checkpoint.atomic_path(tmp_path / "model.pt") as tmp:
+            tmp.write_text("weights")
+    assert on_disk(tmp_path) == {"model.pt": None}
 
 
 @pytest.mark.parametrize("fails", [False, True])
