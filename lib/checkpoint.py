@@ -53,8 +53,9 @@ def atomic_path(path: str | Path):
     os.fchmod(fd, NEW_FILE_MODE)  # mkstemp makes it private (0600): the finished file gets the usual mode
     os.close(fd)
     try:
-        yield Path(tmp)
-        os.replace(tmp, path)
+        with naming(path):
+            yield Path(tmp)
+            os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
@@ -76,13 +77,26 @@ def atomic_dir(path: str | Path):
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        yield tmp
+        with naming(path):
+            yield tmp
         if path.exists():
             path.rename(previous)
         tmp.rename(path)
     finally:
         _put_back(previous, path)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextmanager
+def naming(path: Path):
+    """An OSError that names no file, as a failed write's (a full disk's) does not, names ``path``: the output
+    being written (a file, or a directory of them), so that the one-line error a stage prints says where."""
+    try:
+        yield
+    except OSError as err:
+        if err.errno is not None and err.filename is None:  # a system's error (not one made with a message)
+            err.filename = str(path)
+        raise
 
 
 def _put_back(previous: Path, path: Path):

@@ -3,6 +3,7 @@ load and validate the stage's params, and turn a known failure (or Ctrl-C, or SI
 unforeseen one keeps Python's traceback, with nothing after it."""
 
 import argparse
+import errno
 import logging
 import os
 import signal
@@ -38,6 +39,16 @@ def _exit(status: int):
         sys.exit(status)
 
 
+# What the machine refused: a full disk or quota, a read-only file system, no permission. Like a bad param, the
+# user's to fix, so one line (the file named: lib.checkpoint's writes name theirs) rather than a traceback.
+REFUSALS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
+
+
+def _foreseen(err: Exception) -> bool:
+    return (isinstance(err, (ConfigError, FileNotFoundError, ValueError))
+            or isinstance(err, OSError) and err.errno in REFUSALS)
+
+
 FILE, DIRECTORY = "file", "directory"  # what a stage writes at a path
 
 
@@ -59,9 +70,6 @@ def stage_main(stage: str, reads: list[str], writes: dict[str, str], run, argv: 
         for name, kind in writes.items():
             check_writable(getattr(args, name), kind == DIRECTORY, f"--{name}")
         run(args.task, cfg, args)
-    except (ConfigError, FileNotFoundError, ValueError) as err:
-        print(f"{stage}@{args.task}: error: {err}", file=sys.stderr)
-        _exit(2)
     except (KeyboardInterrupt, Terminated) as stop:
         # Every output is written whole or not at all, so say what a re-run does; the exit status is the one
         # a shell reports for the signal (128 + its number).
@@ -69,9 +77,12 @@ def stage_main(stage: str, reads: list[str], writes: dict[str, str], run, argv: 
         again = "resumes from the last checkpoint" if stage == "train" else "runs the stage again"
         print(f"{stage}@{args.task}: {what}; nothing was left half-written, and a re-run {again}", file=sys.stderr)
         _exit(status)
-    except Exception as err:  # a bug or an unforeseen failure: Python's own traceback, but readable
-        # The traceback keeps every frame's variables alive until the interpreter's teardown, where the
-        # git objects dvclive opened (dulwich) fail to close, adding ~25 lines of noise after the error.
-        traceback.clear_frames(err.__traceback__)
-        raise
+    except Exception as err:
+        if not _foreseen(err):  # a bug or an unforeseen failure: Python's own traceback, but readable
+            # The traceback keeps every frame's variables alive until the interpreter's teardown, where the
+            # git objects dvclive opened (dulwich) fail to close, adding ~25 lines of noise after the error.
+            traceback.clear_frames(err.__traceback__)
+            raise
+        print(f"{stage}@{args.task}: error: {err}", file=sys.stderr)
+        _exit(2)
     _exit(0)

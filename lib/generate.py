@@ -106,19 +106,19 @@ def draw_translation_attention(model, tokenizers, lines: list[str], translations
             "For each line, one panel per layer (rows) and head (columns). Decoder rows are the steps of the "
             "output, labelled by the token each chose (with --score, the token given); columns are the tokens it "
             "reads.", ""]
-    progress = tqdm(total=len(numbers), desc="drawing attention", unit="line", leave=False)  # ~1-3 s a line
-    for first in range(0, len(numbers), ATTENTION_BATCH):
-        chunk = numbers[first:first + ATTENTION_BATCH]
-        pairs = Pairs([written[n][0] for n in chunk], [written[n][1][0].tokens for n in chunk])  # the best output
-        batch = collate(pairs, list(range(len(chunk))), ids).to(device)
-        maps, _ = attention_maps(model, batch, ids)
-        maps = {kind: [w.float().cpu() for w in layers] for kind, layers in maps.items()}
-        for i, n in enumerate(chunk):
-            page += [f"## Line {n + 1}", "", f"- source: `{lines[n].strip()}`", f"- output: `{translations[n]}`", ""]
-            page += pair_heatmaps(maps, batch, pairs, i, tokenizers, f"line {n + 1}", f"line{n + 1}", figures,
-                                  Path("."))
-            progress.update()
-    progress.close()
+    with tqdm(total=len(numbers), desc="drawing attention", unit="line", leave=False) as progress:  # ~1-3 s a line
+        for first in range(0, len(numbers), ATTENTION_BATCH):
+            chunk = numbers[first:first + ATTENTION_BATCH]
+            pairs = Pairs([written[n][0] for n in chunk], [written[n][1][0].tokens for n in chunk])  # the best output
+            batch = collate(pairs, list(range(len(chunk))), ids).to(device)
+            maps, _ = attention_maps(model, batch, ids)
+            maps = {kind: [w.float().cpu() for w in layers] for kind, layers in maps.items()}
+            for i, n in enumerate(chunk):
+                page += [f"## Line {n + 1}", "", f"- source: `{lines[n].strip()}`",
+                         f"- output: `{translations[n]}`", ""]
+                page += pair_heatmaps(maps, batch, pairs, i, tokenizers, f"line {n + 1}", f"line{n + 1}", figures,
+                                      Path("."))
+                progress.update()
     return page
 
 

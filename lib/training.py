@@ -292,6 +292,20 @@ class Session:
             self.last_path,
         )
 
+    def update(self, loss_sum: torch.Tensor, divisor: float, clip_norm: float, clock, lr_param: str):
+        """A step's end, its batches' gradients in: the loss summed over the processes and divided by
+        ``divisor`` (the step's mean), the gradients clipped to ``clip_norm``, both read back (the step's one
+        wait, timed by ``clock``), the loss checked finite, then the optimizer's update.
+        Returns (the mean loss, the gradients' norm before clipping, the step's seconds)."""
+        loss = distributed.sum_over_processes(loss_sum, self.ctx) / divisor
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip_norm, foreach=True)
+        loss, grad_norm = read_back(loss, grad_norm)
+        seconds = clock.lap()
+        self.check_finite(loss, lr_param)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss, grad_norm, seconds
+
     def check_finite(self, loss: float, lr_param: str):
         """Stop on a NaN or infinite loss, before the optimizer step spreads it into the weights."""
         if not math.isfinite(loss):
@@ -306,14 +320,16 @@ class Session:
         if not self.ctx.is_main:
             return
         self.live.step = self.state["step"]
-        for name, value in metrics.items():
-            self.live.log_metric(name, value)
+        with checkpoint.naming(self.live_dir):  # dvclive writes a curve's line each time
+            for name, value in metrics.items():
+                self.live.log_metric(name, value)
 
     def record_validation(self, valid_loss: float, extra: dict):
         """Log the validation loss; keep the weights when they are the best so far."""
         self.log(**{"valid/loss": valid_loss, "valid/perplexity": perplexity(valid_loss)})
         if self.ctx.is_main:
-            self.live.make_summary()
+            with checkpoint.naming(self.live_dir):
+                self.live.make_summary()
         if valid_loss < self.state["best_valid_loss"]:
             self.state["best_valid_loss"] = valid_loss
             self.save_model({"step": self.state["step"], "valid_loss": valid_loss, **extra}, self.best_path)
@@ -334,7 +350,8 @@ class Session:
         """Write ``source`` (default: the best checkpoint) to ``model_path``; under torchrun, every process
         then leaves the process group."""
         if self.ctx.is_main:
-            self.live.end()
+            with checkpoint.naming(self.live_dir):
+                self.live.end()
             with checkpoint.atomic_path(model_path) as tmp:
                 shutil.copyfile(source or self.best_path, tmp)
         distributed.barrier(self.ctx)
@@ -487,49 +504,43 @@ def train_seq2seq(task, cfg: TrainConfig, data_dir, tokenizer_dir, model_path, c
         batches = token_budget_batches(train, cfg.max_tokens, order)
         todo = batches[state["batches_done"]:]  # resuming mid-epoch: checkpoints fall between steps' groups
         steps = [todo[i:i + cfg.accumulate] for i in range(0, len(todo), cfg.accumulate)]  # each step's batches
-        progress = tqdm(desc=f"epoch {epoch + 1}/{cfg.epochs}", initial=state["batches_done"], total=len(batches),
-                        leave=False, disable=not run.ctx.is_main)
-        upcoming, loaded = (load(todo[0]), 1) if todo else (None, 0)
-        for group in steps:
-            clock.start()
-            src_lengths = [len(train.src[row]) for indices in group for row in indices]  # the global batches'
-            tgt_lengths = [len(train.tgt[row]) + 1 for indices in group for row in indices]  # targets, eos included
-            n_tokens = sum(tgt_lengths)
-            state["step"] += 1
-            lr = noam_lr(state["step"], cfg.model.d_model, cfg.warmup, cfg.lr_factor)
-            set_lr(optimizer, lr)
-            loss_sum = torch.zeros((), device=device)
-            for j in range(len(group)):
-                batch, weight = upcoming
-                with distributed.accumulating(run.train_model, last=j + 1 == len(group)):
-                    with run.autocast():
-                        batch_loss, _ = seq2seq_loss(run.train_model, batch, ids, cfg.label_smoothing)
-                    # The update is the mean over the step's target tokens, in every process and batch: DDP
-                    # averages the gradients over the processes, hence the factor.
-                    (batch_loss / n_tokens * (weight * run.ctx.world)).backward()
-                loss_sum += batch_loss.detach() * weight
-                if loaded < len(todo):  # the host collates the next batch while the device computes this one
-                    upcoming, loaded = load(todo[loaded]), loaded + 1
-            global_loss = distributed.sum_over_processes(loss_sum, run.ctx) / n_tokens
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm, foreach=True)
-            global_loss, grad_norm = read_back(global_loss, grad_norm)
-            seconds = clock.lap()
-            run.check_finite(global_loss, "lr_factor")
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            flops = training_flops(cfg.model, run.vocab["tgt_vocab_size"], src_lengths, tgt_lengths)
-            run.log(**{"train/loss": global_loss, "train/lr": lr, "train/grad_norm": grad_norm,
-                       **speed(n_tokens + sum(src_lengths), flops, seconds, run.peak_tflops)})
-            progress.update(len(group))
-            progress.set_postfix(loss=f"{global_loss:.3f}", lr=f"{lr:.2e}")
-            state["batches_done"] += len(group)
-            if state["step"] % cfg.checkpoint_every == 0:
-                state["elapsed_s"] += time.perf_counter() - started
-                started = time.perf_counter()
-                run.save_last()
-                clock.pause()
+        # A with: an error or Ctrl-C clears the bar too, so that the stage's one-line message starts a line.
+        with tqdm(desc=f"epoch {epoch + 1}/{cfg.epochs}", initial=state["batches_done"], total=len(batches),
+                  leave=False, disable=not run.ctx.is_main) as progress:
+            upcoming, loaded = (load(todo[0]), 1) if todo else (None, 0)
+            for group in steps:
+                clock.start()
+                src_lengths = [len(train.src[row]) for indices in group for row in indices]  # the global batches'
+                tgt_lengths = [len(train.tgt[row]) + 1 for indices in group for row in indices]  # targets, eos included
+                n_tokens = sum(tgt_lengths)
+                state["step"] += 1
+                lr = noam_lr(state["step"], cfg.model.d_model, cfg.warmup, cfg.lr_factor)
+                set_lr(optimizer, lr)
+                loss_sum = torch.zeros((), device=device)
+                for j in range(len(group)):
+                    batch, weight = upcoming
+                    with distributed.accumulating(run.train_model, last=j + 1 == len(group)):
+                        with run.autocast():
+                            batch_loss, _ = seq2seq_loss(run.train_model, batch, ids, cfg.label_smoothing)
+                        # The update is the mean over the step's target tokens, in every process and batch: DDP
+                        # averages the gradients over the processes, hence the factor.
+                        (batch_loss / n_tokens * (weight * run.ctx.world)).backward()
+                    loss_sum += batch_loss.detach() * weight
+                    if loaded < len(todo):  # the host collates the next batch while the device computes this one
+                        upcoming, loaded = load(todo[loaded]), loaded + 1
+                global_loss, grad_norm, seconds = run.update(loss_sum, n_tokens, cfg.clip_norm, clock, "lr_factor")
+                flops = training_flops(cfg.model, run.vocab["tgt_vocab_size"], src_lengths, tgt_lengths)
+                run.log(**{"train/loss": global_loss, "train/lr": lr, "train/grad_norm": grad_norm,
+                           **speed(n_tokens + sum(src_lengths), flops, seconds, run.peak_tflops)})
+                progress.update(len(group))
+                progress.set_postfix(loss=f"{global_loss:.3f}", lr=f"{lr:.2e}")
+                state["batches_done"] += len(group)
+                if state["step"] % cfg.checkpoint_every == 0:
+                    state["elapsed_s"] += time.perf_counter() - started
+                    started = time.perf_counter()
+                    run.save_last()
+                    clock.pause()
 
-        progress.close()
         clock.pause()
         valid_loss = mean_loss(model, valid, ids, cfg.max_tokens, device)
         log.info("epoch %d: valid loss %.4f", epoch + 1, valid_loss)
@@ -629,44 +640,39 @@ def train_lm(task, cfg: LMTrainConfig, data_dir, tokenizer_dir, model_path, chec
     run.open()
 
     model.train()
-    progress = tqdm(range(state["step"], cfg.max_iters), initial=state["step"], total=cfg.max_iters, leave=False,
-                    disable=not run.ctx.is_main)
     clock = StepClock()
-    for _ in progress:
-        clock.start()
-        state["step"] += 1
-        step = state["step"]
-        lr = lm_lr(step, cfg)
-        set_lr(optimizer, lr)
-        loss_sum = torch.zeros((), device=device)
-        for j in range(cfg.accumulate):
-            x, y = random_blocks(train, cfg.batch_size, cfg.block_size, sampler)  # a global batch
-            x, y = x[run.ctx.rank::run.ctx.world], y[run.ctx.rank::run.ctx.world]  # this process's rows
-            with distributed.accumulating(run.train_model, last=j + 1 == cfg.accumulate):
-                with run.autocast():
-                    loss = lm_loss(run.train_model, to_device(x, device), to_device(y, device))
-                (loss / cfg.accumulate).backward()  # equal batches: the step's mean is the mean of their means
-            loss_sum += loss.detach()
-        global_loss = distributed.sum_over_processes(loss_sum, run.ctx) / (run.ctx.world * cfg.accumulate)
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm, foreach=True)
-        global_loss, grad_norm = read_back(global_loss, grad_norm)
-        seconds = clock.lap()
-        run.check_finite(global_loss, "lr")
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        run.log(**{"train/loss": global_loss, "train/lr": lr, "train/grad_norm": grad_norm,
-                   **speed(tokens, flops, seconds, run.peak_tflops)})
-        progress.set_postfix(loss=f"{global_loss:.3f}", lr=f"{lr:.2e}")
-        if step % cfg.eval_every == 0 or step == cfg.max_iters:
-            train_loss = estimate_loss(model, eval_sets["train"], device)
-            valid_loss = estimate_loss(model, eval_sets["valid"], device)
-            log.info("step %d: train loss %.4f, valid loss %.4f", step, train_loss, valid_loss)
-            run.log(**{"eval/train_loss": train_loss})
-            run.record_validation(valid_loss, {"block_size": cfg.block_size})
-            clock.pause()
-        if step % cfg.checkpoint_every == 0 or step == cfg.max_iters:
-            run.save_last()
-            clock.pause()
+    with tqdm(range(state["step"], cfg.max_iters), initial=state["step"], total=cfg.max_iters, leave=False,
+              disable=not run.ctx.is_main) as progress:  # cleared on an error too, as in seq2seq
+        for _ in progress:
+            clock.start()
+            state["step"] += 1
+            step = state["step"]
+            lr = lm_lr(step, cfg)
+            set_lr(optimizer, lr)
+            loss_sum = torch.zeros((), device=device)
+            for j in range(cfg.accumulate):
+                x, y = random_blocks(train, cfg.batch_size, cfg.block_size, sampler)  # a global batch
+                x, y = x[run.ctx.rank::run.ctx.world], y[run.ctx.rank::run.ctx.world]  # this process's rows
+                with distributed.accumulating(run.train_model, last=j + 1 == cfg.accumulate):
+                    with run.autocast():
+                        loss = lm_loss(run.train_model, to_device(x, device), to_device(y, device))
+                    (loss / cfg.accumulate).backward()  # equal batches: the step's mean is the mean of their means
+                loss_sum += loss.detach()
+            global_loss, grad_norm, seconds = run.update(loss_sum, run.ctx.world * cfg.accumulate, cfg.clip_norm, clock,
+                                                         "lr")
+            run.log(**{"train/loss": global_loss, "train/lr": lr, "train/grad_norm": grad_norm,
+                       **speed(tokens, flops, seconds, run.peak_tflops)})
+            progress.set_postfix(loss=f"{global_loss:.3f}", lr=f"{lr:.2e}")
+            if step % cfg.eval_every == 0 or step == cfg.max_iters:
+                train_loss = estimate_loss(model, eval_sets["train"], device)
+                valid_loss = estimate_loss(model, eval_sets["valid"], device)
+                log.info("step %d: train loss %.4f, valid loss %.4f", step, train_loss, valid_loss)
+                run.log(**{"eval/train_loss": train_loss})
+                run.record_validation(valid_loss, {"block_size": cfg.block_size})
+                clock.pause()
+            if step % cfg.checkpoint_every == 0 or step == cfg.max_iters:
+                run.save_last()
+                clock.pause()
     return run.finish(model_path)
 
 

@@ -1,10 +1,13 @@
 """Each stage's ``run`` on tiny params in a temporary directory, and resuming training."""
 
 import contextlib
+import errno
 import functools
 import importlib
 import json
+import os
 import platform
+import re
 import resource
 import shutil
 import signal
@@ -14,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+import dvclive
 import pandas as pd
 import pytest
 import torch
@@ -434,6 +438,13 @@ def test_killed_training_resumes_bit_identical(tmp_path, built, tiny_params):
     assert not list(killed.rglob("*.tmp"))  # the resumed run cleared it
 
 
+def last_line(stderr: str) -> str:
+    """What a terminal shows last of ``stderr``: the text after its last carriage return or newline. A
+    progress bar not cleared before the stage's message would show in front of it, or after it."""
+    assert stderr.endswith("\n"), repr(stderr[-200:])
+    return re.split(r"[\r\n]", stderr[:-1])[-1]
+
+
 @pytest.mark.parametrize("sent, status, said", [(signal.SIGINT, 130, "interrupted"),
                                                (signal.SIGTERM, 143, "terminated (SIGTERM)")])
 def test_ctrl_c_or_sigterm_is_one_line_and_keeps_the_checkpoint(tmp_path, built, tiny_params, sent, status,
@@ -458,8 +469,8 @@ def test_ctrl_c_or_sigterm_is_one_line_and_keeps_the_checkpoint(tmp_path, built,
     process.send_signal(sent)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == status, stderr
-    assert f"train@cumsum: {said}; nothing was left half-written, and a re-run resumes from the last " \
-           "checkpoint" in stderr
+    assert last_line(stderr) == (f"train@cumsum: {said}; nothing was left half-written, and a re-run resumes from "
+                                 "the last checkpoint")
     assert "Traceback" not in stderr
     assert checkpoint.load(out / "ckpt" / "last.pt")["epoch"] < 50
     assert not (out / "model.pt").exists() and not list(out.rglob("*.tmp"))
@@ -473,11 +484,51 @@ def test_divergence_stops_with_the_step_and_keeps_the_checkpoint(tmp_path, capsy
     assert run_stage("train", ["cumsum", "--params", str(params), "--data", str(built["data"]),
                                "--tokenizer", str(built["tokenizer"]), "--model", str(tmp_path / "model.pt"),
                                "--checkpoints", str(tmp_path / "ckpt"), "--live", str(tmp_path / "live")]) == 2
-    stderr = capsys.readouterr().err
-    assert "training diverged at step" in stderr and "train.lr_factor" in stderr
+    stderr = last_line(capsys.readouterr().err)
+    assert stderr.startswith("train@cumsum: error: training diverged at step") and "train.lr_factor" in stderr
     assert not (tmp_path / "model.pt").exists()
     last = checkpoint.load(tmp_path / "ckpt" / "last.pt")  # still loads: written before the bad step
     assert all(torch.isfinite(t).all() for t in last["model"].values())
+
+
+@pytest.mark.parametrize("writing, code", [("best.pt", errno.ENOSPC), ("curves", errno.ENOSPC),
+                                           ("best.pt", errno.EIO)])
+def test_a_full_disk_is_one_line_naming_the_output_and_keeps_the_checkpoint(tmp_path, capsys, built, tiny_params,
+                                                                           monkeypatch, writing, code):
+    """What the machine refuses (here a full disk, as the best weights or the training curves are written) is
+    the user's to fix: one line that names the output, as a bad param is. Another OSError (an I/O error) is
+    not foreseen: its traceback."""
+    save = torch.save
+
+    def save_until_the_best(obj, file):
+        if ".best.pt." in file.name:
+            file.write(b"the first bytes")
+            raise OSError(code, os.strerror(code))
+        save(obj, file)
+
+    def no_space(*args, **kwargs):
+        raise OSError(code, os.strerror(code))
+
+    if writing == "best.pt":
+        monkeypatch.setattr(torch, "save", save_until_the_best)
+    else:
+        monkeypatch.setattr(dvclive.Live, "log_metric", no_space)
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(tiny_params))
+    argv = ["cumsum", "--params", str(params), "--data", str(built["data"]), "--tokenizer", str(built["tokenizer"]),
+            "--model", str(tmp_path / "model.pt"), "--checkpoints", str(tmp_path / "ckpt"),
+            "--live", str(tmp_path / "live")]
+    refused = code == errno.ENOSPC
+    with contextlib.nullcontext() if refused else pytest.raises(OSError, match="Input/output error"):
+        assert run_stage("train", argv) == 2
+    named = tmp_path / "ckpt" / "best.pt" if writing == "best.pt" else tmp_path / "live"
+    if refused:
+        said = last_line(capsys.readouterr().err)
+        assert said == f"train@cumsum: error: [Errno 28] No space left on device: '{named}'"
+    assert not (tmp_path / "model.pt").exists() and not list(tmp_path.rglob("*.tmp"))
+    if writing == "best.pt":
+        assert [p.name for p in (tmp_path / "ckpt").iterdir()] == ["last.pt"]
+        assert checkpoint.load(tmp_path / "ckpt" / "last.pt")["model"]
 
 
 @pytest.mark.parametrize("name, load, message", [
