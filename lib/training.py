@@ -292,29 +292,27 @@ class Session:
             self.last_path,
         )
 
-    def update(self, loss_sum: torch.Tensor, divisor: float, clip_norm: float, clock, lr_param: str):
+    def update(self, loss_sum: torch.Tensor, divisor: float, clip_norm: float, clock):
         """A step's end, its batches' gradients in: the loss summed over the processes and divided by
         ``divisor`` (the step's mean), the gradients clipped to ``clip_norm``, both read back (the step's one
-        wait, timed by ``clock``), the loss checked finite, then the optimizer's update.
+        wait, timed by ``clock``), then the optimizer's update, unless the loss is NaN or infinite: that stops
+        training before the update spreads it into the weights.
         Returns (the mean loss, the gradients' norm before clipping, the step's seconds)."""
         loss = distributed.sum_over_processes(loss_sum, self.ctx) / divisor
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip_norm, foreach=True)
         loss, grad_norm = read_back(loss, grad_norm)
         seconds = clock.lap()
-        self.check_finite(loss, lr_param)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return loss, grad_norm, seconds
-
-    def check_finite(self, loss: float, lr_param: str):
-        """Stop on a NaN or infinite loss, before the optimizer step spreads it into the weights."""
         if not math.isfinite(loss):
             kept = f"the last good checkpoint, {self.last_path}, is kept" if self.last_path.is_file() else \
                 "no checkpoint was written yet"
+            lr_param = "lr_factor" if self.kind == "seq2seq" else "lr"  # what sets each kind's learning rate
             raise DivergedError(
                 f"training diverged at step {self.state['step']}: the loss is {loss}. The likely cause is "
                 f"a learning rate too high for this model (train.{lr_param}, train.warmup); {kept}"
             )
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss, grad_norm, seconds
 
     def log(self, **metrics):
         if not self.ctx.is_main:
@@ -528,7 +526,7 @@ def train_seq2seq(task, cfg: TrainConfig, data_dir, tokenizer_dir, model_path, c
                     loss_sum += batch_loss.detach() * weight
                     if loaded < len(todo):  # the host collates the next batch while the device computes this one
                         upcoming, loaded = load(todo[loaded]), loaded + 1
-                global_loss, grad_norm, seconds = run.update(loss_sum, n_tokens, cfg.clip_norm, clock, "lr_factor")
+                global_loss, grad_norm, seconds = run.update(loss_sum, n_tokens, cfg.clip_norm, clock)
                 flops = training_flops(cfg.model, run.vocab["tgt_vocab_size"], src_lengths, tgt_lengths)
                 run.log(**{"train/loss": global_loss, "train/lr": lr, "train/grad_norm": grad_norm,
                            **speed(n_tokens + sum(src_lengths), flops, seconds, run.peak_tflops)})
@@ -658,8 +656,7 @@ def train_lm(task, cfg: LMTrainConfig, data_dir, tokenizer_dir, model_path, chec
                         loss = lm_loss(run.train_model, to_device(x, device), to_device(y, device))
                     (loss / cfg.accumulate).backward()  # equal batches: the step's mean is the mean of their means
                 loss_sum += loss.detach()
-            global_loss, grad_norm, seconds = run.update(loss_sum, run.ctx.world * cfg.accumulate, cfg.clip_norm, clock,
-                                                         "lr")
+            global_loss, grad_norm, seconds = run.update(loss_sum, run.ctx.world * cfg.accumulate, cfg.clip_norm, clock)
             run.log(**{"train/loss": global_loss, "train/lr": lr, "train/grad_norm": grad_norm,
                        **speed(tokens, flops, seconds, run.peak_tflops)})
             progress.set_postfix(loss=f"{global_loss:.3f}", lr=f"{lr:.2e}")

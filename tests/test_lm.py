@@ -55,6 +55,19 @@ def models_dir(lm_built, tmp_path) -> Path:
     return models
 
 
+def test_divergence_names_the_lms_learning_rate_param(lm_built, tmp_path):
+    """The LM's rate is train.lr (the encoder-decoder's, train.lr_factor: tests/test_stages.py)."""
+    cfg = LMTrainConfig(seed=0, device="cpu", max_iters=10, batch_size=4, block_size=8, schedule="noam", lr=1e30,
+                        min_lr=0.0, warmup=1, weight_decay=0.0, beta2=0.99, clip_norm=1.0, eval_every=10,
+                        eval_batches=1, checkpoint_every=10,
+                        model=model_config(d_model=16, n_heads=2, encoder_layers=0, decoder_layers=1, d_ff=32,
+                                           max_len=8))
+    diverged = r"training diverged at step \d+: .*\(train\.lr, train\.warmup\)"
+    with pytest.raises(training.DivergedError, match=diverged):
+        training.run("shakespeare", cfg, lm_built["data"], lm_built["tok"], tmp_path / "model.pt", tmp_path / "ckpt",
+                     tmp_path / "live")
+
+
 @pytest.mark.parametrize("schedule, resumes", [("noam", True), ("cosine", False)])
 def test_raising_max_iters_continues_only_where_the_schedule_does_not_depend_on_it(lm_built, tmp_path, schedule,
                                                                                   resumes, caplog):
