@@ -49,12 +49,40 @@ def _foreseen(err: Exception) -> bool:
             or isinstance(err, OSError) and err.errno in REFUSALS)
 
 
-FILE, DIRECTORY = "file", "directory"  # what a stage writes at a path
+FILE, DIRECTORY = "file", "directory"  # what a stage reads or writes at a path
+
+# What each input a stage reads (by its --option) is, and the stage that writes it: dvc.yaml's flow of data.
+INPUTS = {"data": (DIRECTORY, "prepare"), "tokenizer": (DIRECTORY, "tokenize"), "model": (FILE, "train"),
+          "live": (DIRECTORY, "train"), "metrics": (FILE, "evaluate"), "samples": (FILE, "evaluate")}
+
+
+def check_readable(path: str, option: str):
+    """A FileNotFoundError naming ``option``, ``path`` and the stage that writes it when nothing is there, a
+    ValueError when what is there is a file where a directory is read, or the reverse. ``dvc repro`` checks
+    this itself; a stage run by hand (under torchrun, say) gets it before any work rather than from deep
+    inside it."""
+    kind, writer = INPUTS[option]
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"--{option} {path}: not found (run the {writer} stage first)")
+    if os.path.isdir(path) != (kind == DIRECTORY):
+        there = DIRECTORY if os.path.isdir(path) else FILE
+        raise ValueError(f"--{option} {path}: a {there} is there, where a {kind} is read")
+
+
+def _say(line: str):
+    """``line`` to stderr in one write: torchrun's processes share a terminal, and print's two writes (the
+    text, then the newline) from two processes splice their lines into one."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 def stage_main(stage: str, reads: list[str], writes: dict[str, str], run, argv: list[str] | None = None):
     """Call ``run(task, cfg, args)``. ``reads`` and ``writes`` are the required --options naming paths: what the
-    stage reads, and what it writes (each a FILE or a DIRECTORY), which is checked first."""
+    stage reads (each in INPUTS), and what it writes (each a FILE or a DIRECTORY); both are checked first.
+
+    Under torchrun each process it stops says an error, in a line of its own; one met in ``run``, where it may
+    be a process's own, names the process's rank. (A process kept quiet could leave first, and torchrun would
+    then stop the others before they said why.)"""
     parser = argparse.ArgumentParser(prog=f"python -m stages.{stage}", description=f"The {stage} stage.")
     parser.add_argument("task", help="a task listed in params.yaml: tasks")
     for name in reads:
@@ -65,17 +93,22 @@ def stage_main(stage: str, reads: list[str], writes: dict[str, str], run, argv: 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     signal.signal(signal.SIGTERM, _raise_terminated)
+    who = f"{stage}@{args.task}"
+    started = False
     try:
         cfg = stage_config(load_params(args.params), args.task, stage)
         for name, kind in writes.items():
             check_writable(getattr(args, name), kind == DIRECTORY, f"--{name}")
+        for name in reads:
+            check_readable(getattr(args, name), name)
+        started = True
         run(args.task, cfg, args)
     except (KeyboardInterrupt, Terminated) as stop:
         # Every output is written whole or not at all, so say what a re-run does; the exit status is the one
         # a shell reports for the signal (128 + its number).
         what, status = ("interrupted", 130) if isinstance(stop, KeyboardInterrupt) else ("terminated (SIGTERM)", 143)
         again = "resumes from the last checkpoint" if stage == "train" else "runs the stage again"
-        print(f"{stage}@{args.task}: {what}; nothing was left half-written, and a re-run {again}", file=sys.stderr)
+        _say(f"{who}: {what}; nothing was left half-written, and a re-run {again}")
         _exit(status)
     except Exception as err:
         if not _foreseen(err):  # a bug or an unforeseen failure: Python's own traceback, but readable
@@ -83,6 +116,8 @@ def stage_main(stage: str, reads: list[str], writes: dict[str, str], run, argv: 
             # git objects dvclive opened (dulwich) fail to close, adding ~25 lines of noise after the error.
             traceback.clear_frames(err.__traceback__)
             raise
-        print(f"{stage}@{args.task}: error: {err}", file=sys.stderr)
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        rank = f" (rank {os.environ['RANK']} of {world})" if started and world > 1 else ""
+        _say(f"{who}{rank}: error: {err}")
         _exit(2)
     _exit(0)

@@ -496,6 +496,10 @@ def report_lines(task, cfg, data_dir, tokenizer_dir, model_path, metrics_path, s
     smoothing = state.get("label_smoothing", 0.0)  # seq2seq models; an LM trains without
     floor = smoothed_loss_floor(state["tgt_vocab_size"], smoothing)
     curves = read_curves(live_dir)
+    unlogged = [name for name in CURVES if name.startswith("train/") and curves[name] is None]
+    if unlogged:  # every run logs these: --live names some other directory
+        raise FileNotFoundError(f"{live_dir / 'plots' / 'metrics' / unlogged[0]}.tsv: training curve not found "
+                                "(run the train stage first)")
     plot_losses(curves, figures_dir / "loss.png", floor)
     first_loss = curves["train/loss"]["value"].iloc[0]
     validation = validation_caption(curves["valid/loss"], module.KIND)

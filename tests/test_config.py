@@ -137,14 +137,17 @@ def test_params_file_that_is_not_yaml_is_named_by_line(tmp_path):
     assert list(tmp_path.iterdir()) == [params]
 
 
-def test_missing_input_is_named(tmp_path, tiny_params):
+def test_a_data_directory_without_its_splits_is_named(tmp_path, tiny_params):
+    """The command as typed: --data names a directory (a missing one: test_stages), but not one prepare wrote."""
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump(tiny_params))
+    (tmp_path / "elsewhere").mkdir()
     result = subprocess.run(
-        [sys.executable, "-m", "stages.tokenize", "cumsum", "--data", str(tmp_path / "nowhere"),
+        [sys.executable, "-m", "stages.tokenize", "cumsum", "--data", str(tmp_path / "elsewhere"),
          "--out", str(tmp_path / "tok"), "--params", str(params)],
         cwd=ROOT, capture_output=True, text=True,
     )
     assert result.returncode == 2
-    assert "nowhere/train.parquet: split not found" in result.stderr
+    assert result.stderr == (f"tokenize@cumsum: error: {tmp_path / 'elsewhere' / 'train.parquet'}: split not found "
+                             "(run the prepare stage first)\n")
     assert not (tmp_path / "tok").exists()

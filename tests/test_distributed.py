@@ -3,6 +3,7 @@ encoder-decoder (token-budget batches, sharded by rows) and the LM (random block
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -34,6 +35,16 @@ def train(tmp_path, params_path, name, processes, task="cumsum", log=None):
     if processes == 1:
         assert run_stage("train", command[2:]) == 0
         return out
+    code, stderr = torchrun(command, processes)
+    # A failing rank's reason (a C++ exception, say) comes first; torchrun's summary of it comes last.
+    assert code == 0, stderr[:3000] + "\n...\n" + stderr[-1500:]
+    if log is not None:
+        log.append(stderr)
+    return out
+
+
+def torchrun(command: list[str], processes: int) -> tuple[int, str]:
+    """Run ``python *command`` under torchrun in ``processes`` on this machine: its exit status and stderr."""
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)]
 
     def run():
@@ -41,11 +52,7 @@ def train(tmp_path, params_path, name, processes, task="cumsum", log=None):
         return [result.returncode], [result.stderr]
 
     (code,), (stderr,) = launched(run)
-    # A failing rank's reason (a C++ exception, say) comes first; torchrun's summary of it comes last.
-    assert code == 0, stderr[:3000] + "\n...\n" + stderr[-1500:]
-    if log is not None:
-        log.append(stderr)
-    return out
+    return code, stderr
 
 
 def launched(launch):
@@ -185,6 +192,38 @@ def test_only_rank_zero_writes(runs):
     assert not [p for p in ddp.rglob("*") if p.name.endswith(".tmp")]
     steps = (ddp / "live" / "plots" / "metrics" / "train" / "loss.tsv").read_text().splitlines()
     assert len(steps) == 1 + checkpoint.load(ddp / "model.pt")["step"]  # one row per step: one writer
+
+
+def test_each_process_says_an_error_in_a_line_of_its_own(tmp_path):
+    """The processes share the terminal: each says why it stopped in one whole line (print's two writes, the
+    text and then the newline, spliced two processes' lines into one). A bad param is alike in every
+    process; an error met while training could be one process's own, so it names the rank. Every process
+    says it (one kept quiet could end first, and torchrun would stop the others before they said why), but
+    the first to fail can have torchrun stop the other first: at least one says the error."""
+    from tests.conftest import TINY_PARAMS
+
+    params = yaml.safe_load(yaml.safe_dump(TINY_PARAMS))
+    params["cumsum"]["train"]["lr_factor"] = -1
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(params))
+    (tmp_path / "good.yaml").write_text(yaml.safe_dump(TINY_PARAMS))
+    (tmp_path / "data").mkdir()  # there, and empty: training finds no tokenizer in it
+    (tmp_path / "tok").mkdir()
+
+    def said(params_file):
+        code, stderr = torchrun(stage_command(tmp_path, tmp_path / params_file, tmp_path / "out"), 2)
+        assert code != 0
+        return [line for line in stderr.splitlines() if "train@cumsum" in line]
+
+    stopped = "train@cumsum: terminated (SIGTERM); nothing was left half-written, and a re-run resumes from"
+    lines = said("bad.yaml")
+    assert "train@cumsum: error: cumsum.train.lr_factor: must be > 0" in lines, lines
+    assert all(line == lines[0] or line.startswith(stopped) for line in lines), lines
+    lines = said("good.yaml")
+    errors = [line for line in lines if not line.startswith(stopped)]
+    missing = f"error: {tmp_path / 'tok' / 'tokenizer.json'}: tokenizer not found (run the tokenize stage first)"
+    said_by = [re.fullmatch(rf"train@cumsum \(rank (\d) of 2\): {re.escape(missing)}", line) for line in errors]
+    assert errors and all(said_by) and len({match[1] for match in said_by}) == len(errors), lines
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.fixture(scope="module")

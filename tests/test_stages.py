@@ -25,7 +25,7 @@ import torch.fx.experimental._config
 import yaml
 
 from lib import checkpoint, evaluation, reporting, tokenizer, training
-from lib.cli import DIRECTORY
+from lib.cli import DIRECTORY, FILE, INPUTS
 from lib.config import ConfigError, stage_config
 from lib.data import collate, read_split, read_text
 from lib.masks import padding_mask, target_mask
@@ -619,6 +619,49 @@ def test_an_output_that_cannot_be_written_is_named_before_any_work(tmp_path, cap
     assert capsys.readouterr().err == (f"{stage}@cumsum: error: --{option} {paths[option]}: {problem} (move it or "
                                        "name another path)\n")
     assert on_disk(tmp_path) == before
+
+
+@pytest.mark.parametrize("stage, option", [(stage, option) for stage, module in STAGES.items()
+                                           for option in module.READS])
+@pytest.mark.parametrize("wrong", ["missing", "of the other kind"])
+def test_an_input_that_is_not_there_is_named_with_the_stage_that_writes_it(tmp_path, capsys, stage, option,
+                                                                          wrong):
+    """A stage run by hand (dvc repro checks its dependencies itself) whose input is missing, or is a file
+    where a directory is read or the reverse, says so before any work: the option, the path, and for a
+    missing one the stage to run; exit status 2, nothing written. Before, a missing --data was a bare
+    "[Errno 2] No such file or directory" after the model was built, and a missing --live a TypeError
+    traceback from the report's plotting."""
+    module = STAGES[stage]
+    paths = {name: tmp_path / name for name in [*module.READS, *module.WRITES]}
+
+    def make(path, kind):  # an empty one: nothing the stage could use
+        path.mkdir() if kind == DIRECTORY else path.write_text("")
+
+    for name in module.READS:
+        if name != option:
+            make(paths[name], INPUTS[name][0])
+    kind, writer = INPUTS[option]
+    if wrong == "missing":
+        problem = f"not found (run the {writer} stage first)"
+    else:
+        other = FILE if kind == DIRECTORY else DIRECTORY
+        make(paths[option], other)
+        problem = f"a {other} is there, where a {kind} is read"
+    before = on_disk(tmp_path)
+    argv = ["cumsum", "--params", str(ROOT / "params.yaml")]
+    assert run_stage(stage, argv + [arg for name, path in paths.items() for arg in (f"--{name}", str(path))]) == 2
+    assert capsys.readouterr().err == f"{stage}@cumsum: error: --{option} {paths[option]}: {problem}\n"
+    assert on_disk(tmp_path) == before
+
+
+def test_a_report_from_a_directory_without_training_curves_names_the_curve(tmp_path, built, tiny_params):
+    (tmp_path / "live").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"live/plots/metrics/train/loss.tsv: training curve not found "
+                                                r"\(run the train stage first\)"):
+        reporting.run("cumsum", stage_config(tiny_params, "cumsum", "report"), built["data"], built["tokenizer"],
+                      built["model"], built["metrics"], built["samples"], tmp_path / "live",
+                      tmp_path / "report.md", tmp_path / "figures")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["live"]
 
 
 def test_a_file_is_not_written_over_a_directory(tmp_path):
