@@ -14,6 +14,7 @@ import ast
 import contextlib
 import ctypes
 import hashlib
+import io
 import logging
 import math
 import shutil
@@ -143,9 +144,16 @@ def training_code(task: str) -> list[Path]:
 
 
 def truncate_curves(live_dir: str | Path, step: int):
-    """Drop metric rows logged after ``step``: a killed run logged past its last checkpoint."""
+    """Drop metric rows logged after ``step``: a killed run logged past its last checkpoint. A last line
+    without its end is a write cut short (a full disk): dropped too, rather than read as a row ("20" of
+    "201\t2.36" is step 20, its value missing)."""
     for tsv in (Path(live_dir) / "plots" / "metrics").rglob("*.tsv"):
-        frame = pd.read_csv(tsv, sep="\t")
+        text = tsv.read_text(encoding="utf-8")
+        finished = text[:text.rfind("\n") + 1]
+        if not finished:  # not even the header: dvclive writes it again with the next row
+            tsv.unlink()
+            continue
+        frame = pd.read_csv(io.StringIO(finished), sep="\t")
         with checkpoint.atomic_path(tsv) as tmp:
             frame[frame["step"] <= step].to_csv(tmp, sep="\t", index=False)
 

@@ -425,6 +425,8 @@ def test_killed_training_resumes_bit_identical(tmp_path, built, tiny_params):
     assert interrupted["epoch"] < 3, "the run finished before it could be killed"
     assert interrupted["batches_done"] > 0, "killed between epochs: nothing resumed inside one"
     (killed / "ckpt" / ".last.pt.k1ll3d.tmp").write_bytes(b"half a checkpoint")  # as a kill mid-save leaves
+    with open(killed / "live" / "plots" / "metrics" / "train" / "loss.tsv", "a") as tsv:
+        tsv.write("1")  # as a full disk leaves a row: "1" of "13\t2.71", read as step 1 with no loss
 
     result = subprocess.run(command(killed), cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
@@ -436,6 +438,16 @@ def test_killed_training_resumes_bit_identical(tmp_path, built, tiny_params):
     assert curve(killed)["step"].tolist() == curve(straight)["step"].tolist()
     assert curve(killed)["loss"].tolist() == curve(straight)["loss"].tolist()
     assert not list(killed.rglob("*.tmp"))  # the resumed run cleared it
+
+
+def test_a_curve_cut_short_is_trimmed_to_its_finished_lines_on_resume(tmp_path):
+    metrics = tmp_path / "plots" / "metrics" / "train"
+    metrics.mkdir(parents=True)
+    (metrics / "loss.tsv").write_text("step\tloss\n0\t4.1\n1\t3.9\n2\t3.5\n3\t3.2\n1")
+    (metrics / "lr.tsv").write_text("ste")  # not even its header: dvclive writes one with its next row
+    training.truncate_curves(tmp_path, 2)
+    assert (metrics / "loss.tsv").read_text() == "step\tloss\n0\t4.1\n1\t3.9\n2\t3.5\n"
+    assert sorted(p.name for p in metrics.iterdir()) == ["loss.tsv"]
 
 
 def last_line(stderr: str) -> str:
