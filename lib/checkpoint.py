@@ -39,6 +39,19 @@ def check_writable(path: str | Path, directory: bool = False, option: str = ""):
     raise ValueError(f"{option + ' ' if option else ''}{path}: {problem} (move it or name another path)")
 
 
+def check_readable(path: str | Path, directory: bool = False, option: str = "", writer: str = ""):
+    """Raise a FileNotFoundError naming ``path`` (after ``option``, as check_writable) when nothing is there,
+    with ``writer``, the stage that writes it, to run first; a ValueError when a file is there where a
+    ``directory`` is read, or the reverse. Checked before the work, like the outputs."""
+    path = Path(path)
+    named = f"{option + ' ' if option else ''}{path}"
+    if not path.exists():
+        raise FileNotFoundError(f"{named}: not found" + (f" (run the {writer} stage first)" if writer else ""))
+    if path.is_dir() != directory:
+        there, read = ("directory", "file") if path.is_dir() else ("file", "directory")
+        raise ValueError(f"{named}: a {there} is there, where a {read} is read")
+
+
 @contextmanager
 def atomic_path(path: str | Path):
     """Yield a temporary path beside ``path``; move it into place only on success.

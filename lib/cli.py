@@ -10,7 +10,7 @@ import signal
 import sys
 import traceback
 
-from lib.checkpoint import check_writable
+from lib.checkpoint import check_readable, check_writable
 from lib.config import ConfigError, load_params, stage_config
 
 
@@ -56,19 +56,6 @@ INPUTS = {"data": (DIRECTORY, "prepare"), "tokenizer": (DIRECTORY, "tokenize"), 
           "live": (DIRECTORY, "train"), "metrics": (FILE, "evaluate"), "samples": (FILE, "evaluate")}
 
 
-def check_readable(path: str, option: str):
-    """A FileNotFoundError naming ``option``, ``path`` and the stage that writes it when nothing is there, a
-    ValueError when what is there is a file where a directory is read, or the reverse. ``dvc repro`` checks
-    this itself; a stage run by hand (under torchrun, say) gets it before any work rather than from deep
-    inside it."""
-    kind, writer = INPUTS[option]
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"--{option} {path}: not found (run the {writer} stage first)")
-    if os.path.isdir(path) != (kind == DIRECTORY):
-        there = DIRECTORY if os.path.isdir(path) else FILE
-        raise ValueError(f"--{option} {path}: a {there} is there, where a {kind} is read")
-
-
 def _say(line: str):
     """``line`` to stderr in one write: torchrun's processes share a terminal, and print's two writes (the
     text, then the newline) from two processes splice their lines into one."""
@@ -99,8 +86,9 @@ def stage_main(stage: str, reads: list[str], writes: dict[str, str], run, argv: 
         cfg = stage_config(load_params(args.params), args.task, stage)
         for name, kind in writes.items():
             check_writable(getattr(args, name), kind == DIRECTORY, f"--{name}")
-        for name in reads:
-            check_readable(getattr(args, name), name)
+        for name in reads:  # dvc repro checks them itself; a stage run by hand (under torchrun, say) here
+            kind, writer = INPUTS[name]
+            check_readable(getattr(args, name), kind == DIRECTORY, f"--{name}", writer)
         started = True
         run(args.task, cfg, args)
     except (KeyboardInterrupt, Terminated) as stop:

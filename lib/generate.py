@@ -364,6 +364,9 @@ def main(argv=None):
             checkpoint.check_writable(args.attention, directory=True, option="--attention")
         kind = get_task(args.task).KIND
         check_options(parser, args, kind)  # before the model loads
+        for option, path in (("--input", args.input), ("--score", args.score)):
+            if path and path != "-":
+                checkpoint.check_readable(path, option=option)
         directory = Path(args.models or Path("models") / args.task)
         model, tokenizers, state = checkpoint.load_trained(directory / "model.pt", directory / "tokenizer",
                                                            device_named(args.device))

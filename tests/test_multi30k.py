@@ -489,6 +489,11 @@ def test_generate_reads_stdin_and_names_what_it_cannot_use(tmp_path, trained, ca
     stdin(GERMAN[2].encode() + b"\nEin \xff Hund\n")
     assert "generate: error: stdin: line 2: not UTF-8 (byte 4)" in fails(["--models", str(trained), "--input", "-"])
     (tmp_path / "in.txt").write_text(GERMAN[2] + "\n")
+    # The inputs are checked before the model loads: in the first, the models directory is not there either.
+    assert f"generate: error: --input {tmp_path / 'in.de'}: not found\n" == fails(
+        ["--models", str(tmp_path / "nowhere"), "--input", str(tmp_path / "in.de")])
+    assert f"generate: error: --score {tmp_path}: a directory is there, where a file is read\n" == fails(
+        ["--models", str(trained), "--input", str(tmp_path / "in.txt"), "--score", str(tmp_path)])
     assert f"--output {tmp_path}: a directory is there, where a file is written" in fails(
         ["--models", str(trained), "--input", str(tmp_path / "in.txt"), "--output", str(tmp_path)])
     assert f"--attention {tmp_path / 'in.txt'}: a file is there, where a directory is written" in fails(
