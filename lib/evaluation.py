@@ -43,10 +43,12 @@ def search_or_model(found: list[Hypothesis], references: list[Hypothesis]) -> di
 
 
 def write_outputs(metrics: dict, samples: pd.DataFrame, metrics_path, samples_path):
-    with atomic_path(samples_path) as tmp:
-        samples.to_json(tmp, orient="records", lines=True, force_ascii=False)
-    with atomic_path(metrics_path) as tmp:
-        tmp.write_text(json.dumps(metrics, indent=2) + "\n")
+    """Both written beside their places, then moved in together: a failure writing either (a full disk)
+    leaves the last run's pair, never new samples beside old metrics."""
+    with atomic_path(samples_path) as samples_tmp:
+        samples.to_json(samples_tmp, orient="records", lines=True, force_ascii=False)
+        with atomic_path(metrics_path) as metrics_tmp:
+            metrics_tmp.write_text(json.dumps(metrics, indent=2) + "\n")
 
 
 def evaluate_seq2seq(task, cfg: EvaluateConfig, data_dir, tokenizer_dir, model_path, metrics_path, samples_path):

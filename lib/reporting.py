@@ -469,16 +469,17 @@ def lm_sections(cfg, data_dir, tokenizers, model, samples, figures_dir: Path, re
 
 def run(task, cfg, data_dir, tokenizer_dir, model_path, metrics_path, samples_path, live_dir, report_path,
         figures_dir):
-    """Draw the figures into a fresh directory that replaces ``figures_dir`` once all are drawn, then write
-    report.md: an error or Ctrl-C half way leaves the previous report and its figures as they were, and a
-    report with fewer figures than the last leaves none of the last's behind."""
+    """Draw the figures into a fresh directory and write report.md beside its place; then both go into
+    place together: an error or Ctrl-C half way (a full disk writing report.md too) leaves the previous
+    report and its figures as they were, and a report with fewer figures than the last leaves none of the
+    last's behind."""
     report_path, figures_dir = Path(report_path), Path(figures_dir)
     rel = figures_dir.relative_to(report_path.parent)
     with checkpoint.atomic_dir(figures_dir) as drawing:
         lines = report_lines(task, cfg, data_dir, tokenizer_dir, model_path, metrics_path, samples_path,
                              Path(live_dir), drawing, rel)
-    with checkpoint.atomic_path(report_path) as tmp:
-        tmp.write_text("\n".join(lines))
+        with checkpoint.atomic_path(report_path) as tmp:
+            tmp.write_text("\n".join(lines))
     write_index(report_path.parent.parent)
 
 

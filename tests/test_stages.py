@@ -130,6 +130,32 @@ def test_evaluate_writes_metrics_and_samples(built):
     assert metrics["exact_up_to_length"] == cumsum.exact_up_to(metrics["by_length"], trained.min())
 
 
+def disk_full_writing(monkeypatch, name: str):
+    """Path.write_text fails as on a full disk for the temporary file that becomes ``name``."""
+    write_text = Path.write_text
+
+    def no_space(path, *args, **kwargs):
+        if path.name.startswith(f".{name}."):  # atomic_path's temporary
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return write_text(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", no_space)
+
+
+def test_a_full_disk_writing_the_metrics_keeps_the_last_samples_too(tmp_path, built, tiny_params, monkeypatch):
+    """The samples are written first, but go into place with the metrics: new samples never sit beside the
+    last run's metrics."""
+    last = {name: tmp_path / built[name].name for name in ("metrics", "samples")}
+    for name, path in last.items():
+        path.write_text(f"the last run's {name}")
+    disk_full_writing(monkeypatch, "metrics.json")
+    with pytest.raises(OSError, match=f"No space left on device: '{last['metrics']}'"):
+        evaluation.run("cumsum", stage_config(tiny_params, "cumsum", "evaluate"), built["data"], built["tokenizer"],
+                       built["model"], last["metrics"], last["samples"])
+    assert {p.name: p.read_text() for p in tmp_path.iterdir()} == {
+        "metrics.json": "the last run's metrics", "samples.jsonl": "the last run's samples"}
+
+
 def test_a_wrong_output_is_a_search_error_only_where_the_model_scores_the_reference_higher():
     from lib.decoding import Hypothesis
     from lib.evaluation import search_or_model
@@ -249,8 +275,9 @@ def test_report_links_only_existing_pngs(built):
 
 
 def test_a_report_is_drawn_whole_or_leaves_the_last_one_as_it_was(tmp_path, built, tiny_params, monkeypatch):
-    """The figures go into place all at once, after the last is drawn: a failure half way leaves the
-    last report and every figure it links, and a report with fewer figures leaves none of the last's."""
+    """The figures go into place all at once, with report.md, after the last is drawn: a failure half way
+    (or writing report.md) leaves the last report and every figure it links, and a report with fewer
+    figures leaves none of the last's."""
     report, figures = tmp_path / "cumsum" / "report.md", tmp_path / "cumsum" / "figures"
 
     def draw(n_examples):
@@ -272,6 +299,11 @@ def test_a_report_is_drawn_whole_or_leaves_the_last_one_as_it_was(tmp_path, buil
         draw(1)  # the example figures are drawn before the accuracy by length
     assert {p.name: p.read_bytes() for p in figures.iterdir()} == before and report.read_text() == text
     assert sorted(p.name for p in report.parent.iterdir()) == ["figures", "report.md"]
+    monkeypatch.undo()
+    disk_full_writing(monkeypatch, "report.md")  # every figure drawn, then report.md fails
+    with pytest.raises(OSError, match=f"No space left on device: '{report}'"):
+        draw(1)
+    assert {p.name: p.read_bytes() for p in figures.iterdir()} == before and report.read_text() == text
     monkeypatch.undo()
     assert "cross_attention_2.png" in before and "_2.png" in text
     assert sorted(draw(1)) == sorted(name for name in before if not name.endswith("_2.png"))
