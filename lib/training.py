@@ -681,7 +681,20 @@ def train_lm(task, cfg: LMTrainConfig, data_dir, tokenizer_dir, model_path, chec
     return run.finish(model_path)
 
 
+class OutOfMemory(ValueError):
+    """The device's memory ran out (torch.OutOfMemoryError: a GPU's): the message names the params that size a
+    step, and how to keep the update while halving them."""
+
+
 def run(task, cfg, data_dir, tokenizer_path, model_path, checkpoint_dir, live_dir) -> dict:
     """The train stage: the loop that fits the task's kind."""
-    loop = train_lm if get_task(task).KIND == "lm" else train_seq2seq
-    return loop(task, cfg, data_dir, tokenizer_path, model_path, checkpoint_dir, live_dir)
+    lm = get_task(task).KIND == "lm"
+    loop = train_lm if lm else train_seq2seq
+    try:
+        return loop(task, cfg, data_dir, tokenizer_path, model_path, checkpoint_dir, live_dir)
+    except torch.OutOfMemoryError as err:
+        said = ". ".join(str(err).split(". ")[:2])  # "CUDA out of memory. Tried to allocate 2.00 GiB"; then advice
+        batch = (f"train.batch_size {cfg.batch_size} blocks of train.block_size {cfg.block_size} tokens; halve "
+                 "batch_size" if lm else f"train.max_tokens {cfg.max_tokens} padded tokens a side; halve it")
+        raise OutOfMemory(f"{said}: a batch is {batch} and double train.accumulate (now {cfg.accumulate}): an "
+                          "update sees as many tokens, in half the memory; or make train.model smaller") from None

@@ -68,6 +68,27 @@ def test_divergence_names_the_lms_learning_rate_param(lm_built, tmp_path):
                      tmp_path / "live")
 
 
+def test_a_gpu_out_of_memory_names_the_lms_batch_params(lm_built, tmp_path, monkeypatch):
+    """The LM's batch is batch_size blocks of block_size (the encoder-decoder's: tests/test_stages.py)."""
+    from tests.test_stages import OUT_OF_MEMORY
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError(OUT_OF_MEMORY)
+
+    monkeypatch.setattr(training, "lm_loss", out_of_memory)
+    cfg = LMTrainConfig(seed=0, device="cpu", max_iters=10, batch_size=4, block_size=8, schedule="noam", lr=1e-3,
+                        min_lr=0.0, warmup=1, weight_decay=0.0, beta2=0.99, clip_norm=1.0, eval_every=10,
+                        eval_batches=1, checkpoint_every=10, accumulate=2,
+                        model=model_config(d_model=16, n_heads=2, encoder_layers=0, decoder_layers=1, d_ff=32,
+                                           max_len=8))
+    with pytest.raises(training.OutOfMemory, match=r"^CUDA out of memory. Tried to allocate 2.00 GiB: a batch is "
+                       r"train.batch_size 4 blocks of train.block_size 8 tokens; halve batch_size and double "
+                       r"train.accumulate \(now 2\): an update sees as many tokens, in half the memory; or make "
+                       r"train.model smaller$"):
+        training.run("shakespeare", cfg, lm_built["data"], lm_built["tok"], tmp_path / "model.pt", tmp_path / "ckpt",
+                     tmp_path / "live")
+
+
 @pytest.mark.parametrize("schedule, resumes", [("noam", True), ("cosine", False)])
 def test_raising_max_iters_continues_only_where_the_schedule_does_not_depend_on_it(lm_built, tmp_path, schedule,
                                                                                   resumes, caplog):

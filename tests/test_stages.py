@@ -575,6 +575,32 @@ def test_a_full_disk_is_one_line_naming_the_output_and_keeps_the_checkpoint(tmp_
         assert checkpoint.load(tmp_path / "ckpt" / "last.pt")["model"]
 
 
+OUT_OF_MEMORY = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 139.80 GiB of which "
+                 "1.31 GiB is free. If reserved but unallocated memory is large try setting "
+                 "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.")  # torch's text
+
+
+def test_a_gpu_out_of_memory_names_what_sizes_a_batch(tmp_path, capsys, built, tiny_params, monkeypatch):
+    """A GPU's torch.OutOfMemoryError (here raised where the loss is computed) is the user's to fix, as a bad
+    param is: one line naming the param that sizes a batch and how to keep the update, not torch's traceback."""
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError(OUT_OF_MEMORY)
+
+    monkeypatch.setattr(training, "seq2seq_loss", out_of_memory)
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(tiny_params))
+    argv = ["cumsum", "--params", str(params), "--data", str(built["data"]), "--tokenizer", str(built["tokenizer"]),
+            "--model", str(tmp_path / "model.pt"), "--checkpoints", str(tmp_path / "ckpt"),
+            "--live", str(tmp_path / "live")]
+    assert run_stage("train", argv) == 2
+    max_tokens = tiny_params["cumsum"]["train"]["max_tokens"]
+    assert last_line(capsys.readouterr().err) == (
+        f"train@cumsum: error: CUDA out of memory. Tried to allocate 2.00 GiB: a batch is train.max_tokens "
+        f"{max_tokens} padded tokens a side; halve it and double train.accumulate (now 1): an update sees as "
+        "many tokens, in half the memory; or make train.model smaller")
+    assert not (tmp_path / "model.pt").exists()
+
+
 @pytest.mark.parametrize("name, load, message", [
     ("model.pt", checkpoint.load, "not a readable checkpoint"),
     ("tokenizer.json", tokenizer.load_tokenizer, "not a readable"),
