@@ -337,12 +337,18 @@ STAGE_CONFIGS = {
 
 
 def load_params(path: str | Path = "params.yaml") -> dict:
+    from lib.data import utf8_text  # data imports torch: here, not at the top
+
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"{path}: params file not found")
+        raise ConfigError(f"{path}: " + ("a directory, where the params file is read" if path.is_dir() else
+                                         "params file not found"))
     try:
-        with path.open() as f:
-            params = yaml.safe_load(f)
+        text = utf8_text(path.read_bytes(), path)
+    except ValueError as err:  # not UTF-8, named by line
+        raise ConfigError(str(err)) from None
+    try:
+        params = yaml.safe_load(text)
     except yaml.YAMLError as err:  # a stage run by hand reads the file before dvc has parsed it
         def place(mark):
             return f"line {mark.line + 1}, column {mark.column + 1}"
@@ -353,6 +359,8 @@ def load_params(path: str | Path = "params.yaml") -> dict:
         if context:  # where the construct that is left open began
             message += f" ({err.context} from {place(context)})"
         raise ConfigError(message) from None
+    except ValueError as err:  # YAML's constructors: "seed: 2026-13-45" is read as a date, "!!int x" as a number
+        raise ConfigError(f"{path}: not valid YAML: {err} (a date or a tagged value written wrongly)") from None
     if not isinstance(params, dict):
         raise ConfigError(f"{path}: expected a mapping of params")
     return params

@@ -6,7 +6,7 @@ import sys
 import pytest
 import yaml
 
-from lib.config import ConfigError, stage_config
+from lib.config import ConfigError, load_params, stage_config
 from tests.conftest import ROOT, run_stage
 
 
@@ -135,6 +135,25 @@ def test_params_file_that_is_not_yaml_is_named_by_line(tmp_path):
     assert f"prepare@cumsum: error: {params}: not valid YAML at line 2" in result.stderr
     assert "Traceback" not in result.stderr
     assert list(tmp_path.iterdir()) == [params]
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "a directory, where the params file is read"),
+    (b"tasks: [cumsum]\n# caf\xe9 au lait\n", "line 2: not UTF-8 (byte 5)"),  # Latin-1, from an old editor
+    (b"cumsum:\n  prepare:\n    seed: 2026-13-45\n",
+     "not valid YAML: month must be in 1..12 (a date or a tagged value written wrongly)"),
+])
+def test_a_params_file_that_cannot_be_read_is_named(tmp_path, content, message):
+    """Each was a message without the file (`'utf-8' codec can't decode byte 0xe9 ...`, `month must be in
+    1..12`) or a wrong one (a directory: "params file not found")."""
+    params = tmp_path / "params.yaml"
+    if content is None:
+        params.mkdir()
+    else:
+        params.write_bytes(content)
+    with pytest.raises(ConfigError) as err:
+        load_params(params)
+    assert str(err.value) == f"{params}: {message}"
 
 
 def test_a_data_directory_without_its_splits_is_named(tmp_path, tiny_params):
