@@ -206,8 +206,8 @@ def test_each_process_says_an_error_in_a_line_of_its_own(tmp_path):
     params["cumsum"]["train"]["lr_factor"] = -1
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(params))
     (tmp_path / "good.yaml").write_text(yaml.safe_dump(TINY_PARAMS))
-    (tmp_path / "data").mkdir()  # there, and empty: training finds no tokenizer in it
-    (tmp_path / "tok").mkdir()
+    (tmp_path / "data").mkdir()  # both there, so the stage starts its work; the first thing it reads,
+    (tmp_path / "tok").mkdir()  # the tokenizer, is not in here
 
     def said(params_file):
         code, stderr = torchrun(stage_command(tmp_path, tmp_path / params_file, tmp_path / "out"), 2)
