@@ -368,6 +368,7 @@ def main(argv=None):
             if path and path != "-":
                 checkpoint.check_readable(path, option=option)
         directory = Path(args.models or Path("models") / args.task)
+        checkpoint.check_readable(directory, directory=True, option="--models" if args.models else "", writer="train")
         model, tokenizers, state = checkpoint.load_trained(directory / "model.pt", directory / "tokenizer",
                                                            device_named(args.device))
         if state["kind"] != kind:

@@ -484,8 +484,13 @@ def test_generate_reads_stdin_and_names_what_it_cannot_use(tmp_path, trained, ca
     stdin((GERMAN[2] + "\n\n").encode())
     generate.main(["--task", "multi30k", "--models", str(trained), "--input", "-"])
     assert len(capsys.readouterr().out.split("\n")) == 3
-    assert "tokenizer.json: tokenizer not found (run the tokenize stage first)" in fails(
+    assert f"generate: error: --models {tmp_path / 'nowhere'}: not found (run the train stage first)\n" == fails(
         ["--models", str(tmp_path / "nowhere"), "--input", "-"])
+    assert f"generate: error: --models {trained / 'model.pt'}: a file is there, where a directory is read\n" == fails(
+        ["--models", str(trained / "model.pt"), "--input", "-"])
+    (tmp_path / "half").mkdir()
+    assert "half/tokenizer/tokenizer.json: tokenizer not found (run the tokenize stage first)" in fails(
+        ["--models", str(tmp_path / "half"), "--input", "-"])
     stdin(GERMAN[2].encode() + b"\nEin \xff Hund\n")
     assert "generate: error: stdin: line 2: not UTF-8 (byte 4)" in fails(["--models", str(trained), "--input", "-"])
     (tmp_path / "in.txt").write_text(GERMAN[2] + "\n")
