@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from lib.checkpoint import load_trained
+from lib.checkpoint import load_directory
 from lib.data import read_split
 from lib.decoding import translate
 from lib.tasks import multi30k
@@ -36,7 +36,7 @@ def main():
     parser.add_argument("--max-extra-tokens", type=int, default=20)
     args = parser.parse_args()
 
-    model, tokenizers, _ = load_trained(Path(args.models) / "model.pt", Path(args.models) / "tokenizer")
+    model, tokenizers, _ = load_directory(args.models, option="--models")
     ids = special_ids(tokenizers)
     test = read_split(args.data, "test")
     sources = encode_pairs(tokenizers, test).src

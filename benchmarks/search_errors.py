@@ -22,7 +22,7 @@ import json
 from datetime import date
 from pathlib import Path
 
-from lib.checkpoint import load_trained
+from lib.checkpoint import load_directory
 from lib.config import load_params
 from lib.data import read_split
 from lib.decoding import score_outputs, translate_n_best
@@ -44,7 +44,7 @@ def main():
     parser.add_argument("--max-tokens", type=int, default=8192)
     args = parser.parse_args()
 
-    model, tokenizers, _ = load_trained(Path(args.models) / "model.pt", Path(args.models) / "tokenizer")
+    model, tokenizers, _ = load_directory(args.models, option="--models")
     ids = special_ids(tokenizers)
     pairs = encode_pairs(tokenizers, read_split(args.data, args.split))
     n = len(pairs.src)

@@ -11,7 +11,7 @@ import json
 from datetime import date
 from pathlib import Path
 
-from lib.checkpoint import load_trained
+from lib.checkpoint import load_directory
 from lib.data import read_split
 from lib.decoding import translate
 from lib.tasks import multi30k
@@ -28,7 +28,7 @@ def main():
     parser.add_argument("--alphas", type=float, nargs="+", default=[0.0, 0.3, 0.6, 0.9, 1.2])
     args = parser.parse_args()
 
-    model, tokenizers, _ = load_trained(Path(args.models) / "model.pt", Path(args.models) / "tokenizer")
+    model, tokenizers, _ = load_directory(args.models, option="--models")
     ids = special_ids(tokenizers)
     valid = read_split(args.data, "valid")
     sources = encode_pairs(tokenizers, valid).src

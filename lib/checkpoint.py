@@ -183,3 +183,12 @@ def load_trained(model_path: str | Path, tokenizer_dir: str | Path, device="cpu"
                          f"{state['tgt_vocab_size']} (target) tokens, but {tokenizer_dir} has {theirs[0]} and "
                          f"{theirs[1]}: they come from different runs (re-run the train stage)")
     return model, tokenizers, state
+
+
+def load_directory(directory: str | Path, device="cpu", option: str = ""):
+    """``load_trained`` from a models directory laid out as the pipeline writes it (model.pt, tokenizer/),
+    which is named first (after ``option``, if one gave it) when it is not there, a task never built, or is
+    a file."""
+    directory = Path(directory)
+    check_readable(directory, directory=True, option=option, writer="train")
+    return load_trained(directory / "model.pt", directory / "tokenizer", device)

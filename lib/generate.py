@@ -368,9 +368,8 @@ def main(argv=None):
             if path and path != "-":
                 checkpoint.check_readable(path, option=option)
         directory = Path(args.models or Path("models") / args.task)
-        checkpoint.check_readable(directory, directory=True, option="--models" if args.models else "", writer="train")
-        model, tokenizers, state = checkpoint.load_trained(directory / "model.pt", directory / "tokenizer",
-                                                           device_named(args.device))
+        model, tokenizers, state = checkpoint.load_directory(directory, device_named(args.device),
+                                                             "--models" if args.models else "")
         if state["kind"] != kind:
             raise ValueError(f"{directory / 'model.pt'} holds a model of kind {state['kind']!r}, but {args.task} "
                              f"is a {kind!r} task")

@@ -348,9 +348,7 @@ def load(directory: str | Path, device: str | torch.device = "cpu") -> Translato
     """The model in ``directory`` (model.pt and tokenizer/, as the train and tokenize stages write them): a
     Translator for a seq2seq model, a LanguageModel for an LM, in eval mode on ``device`` ("auto": a GPU
     where there is one)."""
-    directory = Path(directory)
-    model, tokenizers, state = checkpoint.load_trained(directory / "model.pt", directory / "tokenizer",
-                                                       device_named(device))
+    model, tokenizers, state = checkpoint.load_directory(directory, device_named(device))
     if state["kind"] == "lm":
         return LanguageModel(model, tokenizers, state["block_size"])
     return Translator(model, tokenizers)

@@ -975,6 +975,18 @@ def test_loading_onto_a_device_that_is_not_here_names_the_device(built):
         "cuda" if torch.cuda.is_available() else "cpu")
 
 
+def test_loading_a_models_directory_that_is_not_one_names_it(built, tmp_path):
+    """A task never built, or the model file given for its directory: named as such, not as a tokenizer.json
+    missing inside it."""
+    from lib.inference import load
+
+    with pytest.raises(FileNotFoundError, match=re.escape(f"{tmp_path / 'shakespeare'}: not found (run the train "
+                                                          "stage first)")):
+        load(tmp_path / "shakespeare")
+    with pytest.raises(ValueError, match=re.escape(f"{built['model']}: a file is there, where a directory is read")):
+        load(built["model"])
+
+
 @pytest.mark.parametrize("options", [[], ["--beam-size", "2", "--n-best", "2"]])
 def test_generate_translates_each_line_typed_at_a_terminal_as_it_is_entered(built, tmp_path, capsys, monkeypatch,
                                                                             options):
