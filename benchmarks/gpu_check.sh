@@ -99,8 +99,9 @@ tests=passed
 write_params() {  # $1: 1 to compile the model
   "$PYTHON" - "$WORK/params.yaml" "$MULTI30K" "$PEAK_TFLOPS" "$DEVICE" "$MINUTES" "$MAX_TOKENS" "$D_MODEL" "$1" <<'PY'
 import sys, yaml
+from lib.config import load_params  # as the stages read it
 out, source, peak, device, minutes, max_tokens, d_model, compile_ = sys.argv[1:]
-params = yaml.safe_load(open("params.yaml"))
+params = load_params("params.yaml")
 params["tasks"] = ["multi30k"]
 m = params["multi30k"]
 m["prepare"]["source"] = source

@@ -21,10 +21,9 @@ from datetime import date
 from pathlib import Path
 
 import torch
-import yaml
 
 from benchmarks.lm_reference import step_times
-from lib.config import stage_config
+from lib.config import load_params, stage_config
 from lib.model import TransformerLM, parameter_counts
 from lib.optim import weight_decay_groups
 from lib.training import resolve_precision
@@ -50,7 +49,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=5, help="rounds after one of warm-up")
     args = parser.parse_args()
 
-    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params = load_params(ROOT / "params.yaml")
     cfg = stage_config({**params, "tasks": ["shakespeare"]}, "shakespeare", "train")
     precision = resolve_precision(cfg.precision, torch.device("cpu"))
     torch.manual_seed(0)

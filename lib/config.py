@@ -9,6 +9,7 @@ ConfigError naming the dotted key before any work starts.
 """
 
 import dataclasses
+import re
 import types
 import typing
 from pathlib import Path
@@ -336,6 +337,16 @@ STAGE_CONFIGS = {
 }
 
 
+class ParamsLoader(yaml.SafeLoader):
+    """YAML as DVC reads params.yaml (YAML 1.2, ruamel): PyYAML's YAML 1.1 reads a float without a dot or
+    without a signed exponent (``lr: 3e-4``, ``1.0e3``) as text, which a float param then refused."""
+
+
+ParamsLoader.add_implicit_resolver("tag:yaml.org,2002:float",
+                                   re.compile(r"^[-+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$"),
+                                   list("-+0123456789."))
+
+
 def load_params(path: str | Path = "params.yaml") -> dict:
     from lib.data import utf8_text  # data imports torch: here, not at the top
 
@@ -348,7 +359,7 @@ def load_params(path: str | Path = "params.yaml") -> dict:
     except ValueError as err:  # not UTF-8, named by line
         raise ConfigError(str(err)) from None
     try:
-        params = yaml.safe_load(text)
+        params = yaml.load(text, Loader=ParamsLoader)
     except yaml.YAMLError as err:  # a stage run by hand reads the file before dvc has parsed it
         def place(mark):
             return f"line {mark.line + 1}, column {mark.column + 1}"

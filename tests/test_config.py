@@ -137,6 +137,19 @@ def test_params_file_that_is_not_yaml_is_named_by_line(tmp_path):
     assert list(tmp_path.iterdir()) == [params]
 
 
+def test_a_float_written_without_a_dot_is_read_as_dvc_reads_it(tmp_path, tiny_params):
+    """DVC reads params.yaml as YAML 1.2, where 3e-4 is a number; PyYAML's YAML 1.1 read it as the text
+    '3e-4', and the stage refused it ("expected float, got '3e-4'") while `dvc params diff` showed 0.0003."""
+    from dvc.utils.serialize import parse_yaml
+
+    text = yaml.safe_dump(tiny_params).replace("lr_factor: 1.0", "lr_factor: 3e-4")
+    assert "lr_factor: 3e-4" in text
+    (tmp_path / "params.yaml").write_text(text)
+    params = load_params(tmp_path / "params.yaml")
+    assert params == parse_yaml(text, "params.yaml")  # as DVC reads it
+    assert stage_config(params, "cumsum", "train").lr_factor == 3e-4
+
+
 @pytest.mark.parametrize("content, message", [
     (None, "a directory, where the params file is read"),
     (b"tasks: [cumsum]\n# caf\xe9 au lait\n", "line 2: not UTF-8 (byte 5)"),  # Latin-1, from an old editor
