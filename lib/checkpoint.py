@@ -36,7 +36,12 @@ def check_writable(path: str | Path, directory: bool = False, option: str = ""):
         problem = "a directory is there, where a file is written"
     else:
         return
-    raise ValueError(f"{option + ' ' if option else ''}{path}: {problem} (move it or name another path)")
+    raise ValueError(f"{_named(path, option)}: {problem} (move it or name another path)")
+
+
+def _named(path: Path, option: str) -> str:
+    """``path`` after the command-line ``option`` that gave it, if any: what a check's message names."""
+    return f"{option} {path}" if option else str(path)
 
 
 def check_readable(path: str | Path, directory: bool = False, option: str = "", writer: str = ""):
@@ -44,12 +49,12 @@ def check_readable(path: str | Path, directory: bool = False, option: str = "", 
     with ``writer``, the stage that writes it, to run first; a ValueError when a file is there where a
     ``directory`` is read, or the reverse. Checked before the work, like the outputs."""
     path = Path(path)
-    named = f"{option + ' ' if option else ''}{path}"
     if not path.exists():
-        raise FileNotFoundError(f"{named}: not found" + (f" (run the {writer} stage first)" if writer else ""))
+        raise FileNotFoundError(f"{_named(path, option)}: not found" + (f" (run the {writer} stage first)"
+                                                                         if writer else ""))
     if path.is_dir() != directory:
         there, read = ("directory", "file") if path.is_dir() else ("file", "directory")
-        raise ValueError(f"{named}: a {there} is there, where a {read} is read")
+        raise ValueError(f"{_named(path, option)}: a {there} is there, where a {read} is read")
 
 
 @contextmanager

@@ -23,6 +23,12 @@ def _raise_terminated(signum, frame):
     raise Terminated
 
 
+def _world() -> int:
+    """How many processes torchrun started (1: not launched by it). Read here, not through lib.distributed,
+    which joins the process group."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
 def _exit(status: int):
     """End the stage with ``status`` (0: return). A process that torchrun started (WORLD_SIZE > 1) leaves at
     once, without the interpreter's teardown: there, now and then (3 launches in about 200 here, RESULTS.md),
@@ -30,7 +36,7 @@ def _exit(status: int):
     without an active exception", SIGABRT) after the process group was destroyed, and torchrun then reports
     the whole run failed. By then everything is written: the model and checkpoints atomically, dvclive's
     files closed."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # read here, not through lib.distributed: every stage uses cli
+    if _world() > 1:
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()
@@ -104,8 +110,7 @@ def stage_main(stage: str, reads: list[str], writes: dict[str, str], run, argv: 
             # git objects dvclive opened (dulwich) fail to close, adding ~25 lines of noise after the error.
             traceback.clear_frames(err.__traceback__)
             raise
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        rank = f" (rank {os.environ['RANK']} of {world})" if started and world > 1 else ""
+        rank = f" (rank {os.environ['RANK']} of {_world()})" if started and _world() > 1 else ""
         _say(f"{who}{rank}: error: {err}")
         _exit(2)
     _exit(0)
