@@ -36,13 +36,12 @@ from pathlib import Path
 
 import matplotlib
 import pandas as pd
-import yaml
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from lib import evaluation, tokenizer, training  # noqa: E402
-from lib.config import ConfigError, ParamsLoader, load_params, stage_config  # noqa: E402
+from lib.config import ConfigError, load_params, parse_yaml, stage_config  # noqa: E402
 from lib.tasks import cumsum, run_prepare  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -136,7 +135,10 @@ def override(params: dict, section: list[str], item: str, parser: argparse.Argum
         node = node.get(part) if isinstance(node, dict) else None
         if node is None:
             parser.error(f"{item!r}: {'.'.join(parents)} is not a section of params.yaml")
-    node[last] = yaml.load(value, Loader=ParamsLoader)  # as DVC reads -S values: 3e-4 a number
+    try:  # as DVC reads -S values: 3e-4 a number, yes a word
+        node[last] = parse_yaml(value, f"--set {item!r}")
+    except ConfigError as err:
+        parser.error(str(err))
 
 
 def stop_errors(samples_path: Path) -> dict:

@@ -9,12 +9,9 @@ ConfigError naming the dotted key before any work starts.
 """
 
 import dataclasses
-import re
 import types
 import typing
 from pathlib import Path
-
-import yaml
 
 
 class ConfigError(ValueError):
@@ -33,7 +30,10 @@ def _check_type(value, kind, key: str):
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if kind in (int, float) and isinstance(value, bool) or not isinstance(value, kind):
-        raise ConfigError(f"{key}: expected {kind.__name__}, got {value!r}")
+        hint = ""
+        if kind is bool and str(value).lower() in ("yes", "no", "on", "off", "y", "n"):
+            hint = " (write true or false: YAML 1.2, as DVC reads params.yaml, takes yes, no, on and off as words)"
+        raise ConfigError(f"{key}: expected {kind.__name__}, got {value!r}{hint}")
     return value
 
 
@@ -337,14 +337,27 @@ STAGE_CONFIGS = {
 }
 
 
-class ParamsLoader(yaml.SafeLoader):
-    """YAML as DVC reads params.yaml (YAML 1.2, ruamel): PyYAML's YAML 1.1 reads a float without a dot or
-    without a signed exponent (``lr: 3e-4``, ``1.0e3``) as text, which a float param then refused."""
+def parse_yaml(text: str, source: str):
+    """``text`` read as DVC reads params.yaml and ``-S`` values: YAML 1.2 (ruamel), where PyYAML's YAML 1.1
+    read ``3e-4`` and ``1:30`` as text, ``yes``/``off`` as booleans and ``010`` as 8, and let a key given
+    twice in a mapping quietly take its last value. Anything that is not valid YAML is a ConfigError
+    naming ``source`` and, where YAML marks one, the line and column."""
+    from ruamel.yaml import YAML, YAMLError  # dvc's own reader, installed with it
 
+    try:
+        return YAML(typ="safe").load(text)  # the call dvc makes
+    except YAMLError as err:  # a stage run by hand reads the file before dvc has parsed it
+        def place(mark):
+            return f"line {mark.line + 1}, column {mark.column + 1}"
 
-ParamsLoader.add_implicit_resolver("tag:yaml.org,2002:float",
-                                   re.compile(r"^[-+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$"),
-                                   list("-+0123456789."))
+        where, context = getattr(err, "problem_mark", None), getattr(err, "context_mark", None)
+        message = f"{source}: not valid YAML" + (f" at {place(where)}" if where else "")
+        message += f": {getattr(err, 'problem', None) or err}"
+        if context:  # where the construct that is left open began
+            message += f" ({err.context} from {place(context)})"
+        raise ConfigError(message) from None
+    except ValueError as err:  # YAML's constructors: "seed: 2026-13-45" is read as a date, "!!int x" as a number
+        raise ConfigError(f"{source}: not valid YAML: {err} (a date or a tagged value written wrongly)") from None
 
 
 def load_params(path: str | Path = "params.yaml") -> dict:
@@ -358,20 +371,7 @@ def load_params(path: str | Path = "params.yaml") -> dict:
         text = utf8_text(path.read_bytes(), path)
     except ValueError as err:  # not UTF-8, named by line
         raise ConfigError(str(err)) from None
-    try:
-        params = yaml.load(text, Loader=ParamsLoader)
-    except yaml.YAMLError as err:  # a stage run by hand reads the file before dvc has parsed it
-        def place(mark):
-            return f"line {mark.line + 1}, column {mark.column + 1}"
-
-        where, context = getattr(err, "problem_mark", None), getattr(err, "context_mark", None)
-        message = f"{path}: not valid YAML" + (f" at {place(where)}" if where else "")
-        message += f": {getattr(err, 'problem', None) or err}"
-        if context:  # where the construct that is left open began
-            message += f" ({err.context} from {place(context)})"
-        raise ConfigError(message) from None
-    except ValueError as err:  # YAML's constructors: "seed: 2026-13-45" is read as a date, "!!int x" as a number
-        raise ConfigError(f"{path}: not valid YAML: {err} (a date or a tagged value written wrongly)") from None
+    params = parse_yaml(text, str(path))
     if not isinstance(params, dict):
         raise ConfigError(f"{path}: expected a mapping of params")
     return params

@@ -137,17 +137,51 @@ def test_params_file_that_is_not_yaml_is_named_by_line(tmp_path):
     assert list(tmp_path.iterdir()) == [params]
 
 
-def test_a_float_written_without_a_dot_is_read_as_dvc_reads_it(tmp_path, tiny_params):
-    """DVC reads params.yaml as YAML 1.2, where 3e-4 is a number; PyYAML's YAML 1.1 read it as the text
-    '3e-4', and the stage refused it ("expected float, got '3e-4'") while `dvc params diff` showed 0.0003."""
+@pytest.mark.parametrize("written, read", [
+    ("lr_factor: 3e-4", 3e-4),  # YAML 1.1: the text '3e-4', which the stage refused
+    ("seed: 010", 10),  # YAML 1.1: octal, 8
+    ("seed: 0o10", 8),  # YAML 1.1: the text '0o10'
+])
+def test_a_value_is_read_as_dvc_reads_it(tmp_path, tiny_params, written, read):
+    """DVC reads params.yaml as YAML 1.2 (ruamel); PyYAML's YAML 1.1 read these otherwise, so a stage
+    trained with a value that `dvc params diff` did not show, or refused one that it did."""
     from dvc.utils.serialize import parse_yaml
 
-    text = yaml.safe_dump(tiny_params).replace("lr_factor: 1.0", "lr_factor: 3e-4")
-    assert "lr_factor: 3e-4" in text
+    key = written.split(":")[0]
+    text = yaml.safe_dump(tiny_params).replace(f"{key}: {tiny_params['cumsum']['train'][key]}\n", written + "\n")
+    assert written in text
     (tmp_path / "params.yaml").write_text(text)
     params = load_params(tmp_path / "params.yaml")
     assert params == parse_yaml(text, "params.yaml")  # as DVC reads it
-    assert stage_config(params, "cumsum", "train").lr_factor == 3e-4
+    assert getattr(stage_config(params, "cumsum", "train"), key) == read
+
+
+@pytest.mark.parametrize("written", ["yes", "off"])
+def test_a_yaml_1_1_boolean_is_refused_with_what_to_write(tmp_path, tiny_params, written):
+    """YAML 1.1 read yes/no/on/off as booleans, YAML 1.2 (DVC) as words: the stage took `off` as false
+    while `dvc params diff` showed the word 'off'."""
+    text = yaml.safe_dump(tiny_params).replace("norm_first: false", f"norm_first: {written}")
+    assert f"norm_first: {written}" in text
+    (tmp_path / "params.yaml").write_text(text)
+    with pytest.raises(ConfigError) as err:
+        stage_config(load_params(tmp_path / "params.yaml"), "cumsum", "train")
+    assert str(err.value) == (f"cumsum.train.model.norm_first: expected bool, got '{written}' (write true or "
+                              "false: YAML 1.2, as DVC reads params.yaml, takes yes, no, on and off as words)")
+
+
+def test_a_key_given_twice_is_named(tmp_path, tiny_params):
+    """A copied line (`seed:` twice in one section): a stage run by hand quietly took the last value, where
+    `dvc repro` refuses the file."""
+    text = yaml.safe_dump(tiny_params).replace("  train:\n", "  train:\n    seed: 3\n", 1)
+    lines = text.splitlines()
+    first = lines.index("    seed: 3") + 1  # train's first key, where its mapping begins
+    second = lines.index(f"    seed: {tiny_params['cumsum']['train']['seed']}", first) + 1
+    (tmp_path / "params.yaml").write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_params(tmp_path / "params.yaml")
+    assert str(err.value) == (f"{tmp_path / 'params.yaml'}: not valid YAML at line {second}, column 5: found "
+                              f'duplicate key "seed" with value "0" (original value: "3") (while constructing '
+                              f"a mapping from line {first}, column 5)")
 
 
 @pytest.mark.parametrize("content, message", [
