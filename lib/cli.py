@@ -1,13 +1,15 @@
 """What every stage script shares: parse the task and the paths dvc.yaml gives,
 load and validate the stage's params, and turn a known failure (or Ctrl-C, or SIGTERM) into one line; an
-unforeseen one keeps Python's traceback, with nothing after it."""
+unforeseen one keeps Python's traceback, with nothing after it (under torchrun, written whole and named by rank)."""
 
 import argparse
 import errno
+import json
 import logging
 import os
 import signal
 import sys
+import time
 import traceback
 
 from lib.checkpoint import check_readable, check_writable
@@ -69,13 +71,28 @@ def _say(line: str):
     sys.stderr.flush()
 
 
+def _leave(said: str, status: int):
+    """Say ``said`` and end the stage with ``status``. Under torchrun, ``said`` also goes into the error file
+    it gives each process (TORCHELASTIC_ERROR_FILE), which its closing summary of the failed processes reads:
+    without it, each entry's "traceback" said only "To enable traceback see: <a link to torch's docs>"."""
+    _say(said)
+    if os.environ.get("TORCHELASTIC_ERROR_FILE"):
+        try:  # the form torch's own ErrorHandler writes; the summary shows py_callstack, each line indented
+            with open(os.environ["TORCHELASTIC_ERROR_FILE"], "w") as file:
+                json.dump({"message": {"message": said.splitlines()[0], "extraInfo": {
+                    "py_callstack": said, "timestamp": str(int(time.time()))}}}, file)
+        except OSError:  # a full disk, say: the line is said above all the same
+            pass
+    _exit(status)
+
+
 def stage_main(stage: str, reads: list[str], writes: dict[str, str], run, argv: list[str] | None = None):
     """Call ``run(task, cfg, args)``. ``reads`` and ``writes`` are the required --options naming paths: what the
     stage reads (each in INPUTS), and what it writes (each a FILE or a DIRECTORY); both are checked first.
 
-    Under torchrun each process it stops says an error, in a line of its own; one met in ``run``, where it may
-    be a process's own, names the process's rank. (A process kept quiet could leave first, and torchrun would
-    then stop the others before they said why.)"""
+    Under torchrun each process it stops says an error, in a line of its own and in torchrun's summary; one
+    met in ``run``, where it may be a process's own, names the process's rank. (A process kept quiet could
+    leave first, and torchrun would then stop the others before they said why.)"""
     parser = argparse.ArgumentParser(prog=f"python -m stages.{stage}", description=f"The {stage} stage.")
     parser.add_argument("task", help="a task listed in params.yaml: tasks")
     for name in reads:
@@ -102,15 +119,17 @@ def stage_main(stage: str, reads: list[str], writes: dict[str, str], run, argv: 
         # a shell reports for the signal (128 + its number).
         what, status = ("interrupted", 130) if isinstance(stop, KeyboardInterrupt) else ("terminated (SIGTERM)", 143)
         again = "resumes from the last checkpoint" if stage == "train" else "runs the stage again"
-        _say(f"{who}: {what}; nothing was left half-written, and a re-run {again}")
-        _exit(status)
+        _leave(f"{who}: {what}; nothing was left half-written, and a re-run {again}", status)
     except Exception as err:
-        if not _foreseen(err):  # a bug or an unforeseen failure: Python's own traceback, but readable
-            # The traceback keeps every frame's variables alive until the interpreter's teardown, where the
-            # git objects dvclive opened (dulwich) fail to close, adding ~25 lines of noise after the error.
+        rank = f" (rank {os.environ['RANK']} of {_world()})" if started and _world() > 1 else ""
+        if _foreseen(err):
+            _leave(f"{who}{rank}: error: {err}", 2)
+        elif _world() > 1:  # unforeseen under torchrun: Python's traceback, whole (its lines, written one by
+            # one, interleaved with the other processes'), named by rank and in torchrun's summary
+            _leave(f"{who}{rank}: unforeseen error\n" + "".join(traceback.format_exception(err)).rstrip(), 1)
+        else:  # a bug or an unforeseen failure: Python's own traceback, but readable. The traceback keeps
+            # every frame's variables alive until the interpreter's teardown, where the git objects dvclive
+            # opened (dulwich) fail to close, adding ~25 lines of noise after the error.
             traceback.clear_frames(err.__traceback__)
             raise
-        rank = f" (rank {os.environ['RANK']} of {_world()})" if started and _world() > 1 else ""
-        _say(f"{who}{rank}: error: {err}")
-        _exit(2)
     _exit(0)

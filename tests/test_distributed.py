@@ -212,18 +212,57 @@ def test_each_process_says_an_error_in_a_line_of_its_own(tmp_path):
     def said(params_file):
         code, stderr = torchrun(stage_command(tmp_path, tmp_path / params_file, tmp_path / "out"), 2)
         assert code != 0
-        return [line for line in stderr.splitlines() if "train@cumsum" in line]
+        summary = stderr[stderr.index("Root Cause (first observed failure):"):]  # torchrun's, of the first
+        return [line for line in stderr.splitlines() if line.startswith("train@cumsum")], summary
 
     stopped = "train@cumsum: terminated (SIGTERM); nothing was left half-written, and a re-run resumes from"
-    lines = said("bad.yaml")
+    lines, summary = said("bad.yaml")
     assert "train@cumsum: error: cumsum.train.lr_factor: must be > 0" in lines, lines
+    # torchrun's closing summary of the failed processes shows it, where it said "To enable traceback see: ..."
+    assert "  traceback : train@cumsum: error: cumsum.train.lr_factor: must be > 0\n" in summary, summary
     assert all(line == lines[0] or line.startswith(stopped) for line in lines), lines
-    lines = said("good.yaml")
+    lines, _ = said("good.yaml")
     errors = [line for line in lines if not line.startswith(stopped)]
     missing = f"error: {tmp_path / 'tok' / 'tokenizer.json'}: tokenizer not found (run the tokenize stage first)"
     said_by = [re.fullmatch(rf"train@cumsum \(rank (\d) of 2\): {re.escape(missing)}", line) for line in errors]
     assert errors and all(said_by) and len({match[1] for match in said_by}) == len(errors), lines
     assert not (tmp_path / "out").exists()
+
+
+BROKEN_STAGE = """
+import os, sys
+sys.path.insert(0, {root!r})
+from lib.cli import stage_main
+
+
+def run(task, cfg, args):
+    raise RuntimeError("a bug met in rank " + os.environ["RANK"])
+
+
+stage_main("prepare", [], {{}}, run)
+"""
+
+
+def test_an_unforeseen_error_is_a_whole_traceback_and_in_torchruns_summary(tmp_path):
+    """A bug met in every process: each says Python's traceback in one write, named by rank (written line by
+    line, the processes' tracebacks interleaved), and torchrun's closing summary shows what stopped each
+    failed process, a traceback or a foreseen error's line, where it said "To enable traceback see: <link>"."""
+    from tests.conftest import TINY_PARAMS
+
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(TINY_PARAMS))
+    (tmp_path / "broken.py").write_text(BROKEN_STAGE.format(root=str(ROOT)))
+    code, stderr = torchrun([str(tmp_path / "broken.py"), "cumsum", "--params", str(tmp_path / "params.yaml")], 2)
+    assert code != 0
+    said = re.findall(r"^prepare@cumsum \(rank (\d) of 2\): unforeseen error\nTraceback \(most recent call last\):\n"
+                      r"(?:  .*\n)+RuntimeError: a bug met in rank (\d)$", stderr, re.MULTILINE)
+    assert said and all(rank == met for rank, met in said), stderr  # whole: the rank's own, nothing between
+    root = stderr[stderr.index("Root Cause (first observed failure):"):]
+    rank = re.search(r"rank +: (\d) ", root)[1]
+    assert re.search(r"exitcode +: 1 ", root), root
+    assert (f"traceback : prepare@cumsum (rank {rank} of 2): unforeseen error\n  Traceback (most recent call last):"
+            in root), root
+    assert f"\n  RuntimeError: a bug met in rank {rank}\n" in root, root
+    assert "To enable traceback see" not in stderr
 
 
 @pytest.fixture(scope="module")
