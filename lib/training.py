@@ -17,6 +17,7 @@ import hashlib
 import io
 import logging
 import math
+import re
 import shutil
 import time
 from dataclasses import asdict
@@ -682,8 +683,18 @@ def train_lm(task, cfg: LMTrainConfig, data_dir, tokenizer_dir, model_path, chec
 
 
 class OutOfMemory(ValueError):
-    """The device's memory ran out (torch.OutOfMemoryError: a GPU's): the message names the params that size a
-    step, and how to keep the update while halving them."""
+    """The device's memory ran out (a GPU's torch.OutOfMemoryError, or the CPU allocator's refusal): the message
+    names the params that size a step, and how to keep the update while halving them."""
+
+
+def _out_of_memory(err: RuntimeError) -> str | None:
+    """What ran out and how much was asked ("CUDA out of memory. Tried to allocate 2.00 GiB"), if ``err`` says
+    memory ran out: a GPU's torch.OutOfMemoryError, or the CPU allocator's RuntimeError ("DefaultCPUAllocator:
+    can't allocate memory: you tried to allocate 80000000000 bytes"); None for any other error."""
+    if isinstance(err, torch.OutOfMemoryError):
+        return ". ".join(str(err).split(". ")[:2])  # then torch's advice on its allocator's settings
+    asked = re.search(r"DefaultCPUAllocator: can't allocate memory: you tried to allocate (\d+) bytes", str(err))
+    return asked and f"CPU out of memory. Tried to allocate {int(asked[1]) / 2 ** 30:.2f} GiB"
 
 
 def run(task, cfg, data_dir, tokenizer_path, model_path, checkpoint_dir, live_dir) -> dict:
@@ -692,8 +703,10 @@ def run(task, cfg, data_dir, tokenizer_path, model_path, checkpoint_dir, live_di
     loop = train_lm if lm else train_seq2seq
     try:
         return loop(task, cfg, data_dir, tokenizer_path, model_path, checkpoint_dir, live_dir)
-    except torch.OutOfMemoryError as err:
-        said = ". ".join(str(err).split(". ")[:2])  # "CUDA out of memory. Tried to allocate 2.00 GiB"; then advice
+    except RuntimeError as err:  # torch.OutOfMemoryError is one
+        said = _out_of_memory(err)
+        if not said:
+            raise
         batch = (f"train.batch_size {cfg.batch_size} blocks of train.block_size {cfg.block_size} tokens; halve "
                  "batch_size" if lm else f"train.max_tokens {cfg.max_tokens} padded tokens a side; halve it")
         raise OutOfMemory(f"{said}: a batch is {batch} and double train.accumulate (now {cfg.accumulate}): an "

@@ -89,6 +89,37 @@ def test_a_gpu_out_of_memory_names_the_lms_batch_params(lm_built, tmp_path, monk
                      tmp_path / "live")
 
 
+def test_the_cpu_running_out_of_memory_names_the_lms_batch_params(lm_built, tmp_path):
+    """A real allocation the machine refuses: train.batch_size 10^10 (a typo's size) asks for 75 GiB of block
+    indices at once. It was torch's `RuntimeError: [enforce fail at alloc_cpu.cpp:127] ... DefaultCPUAllocator:
+    can't allocate memory` traceback. The stage runs with its address space capped at 8 GiB, so that no
+    machine's memory or overcommit setting lets the allocation through."""
+    import resource
+    import subprocess
+
+    import yaml
+
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["tasks"] = ["shakespeare"]
+    params["shakespeare"]["train"].update(device="cpu", batch_size=10 ** 10, block_size=16)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+
+    def cap_memory():
+        resource.setrlimit(resource.RLIMIT_AS, (8 * 2 ** 30, 8 * 2 ** 30))
+
+    result = subprocess.run(
+        [sys.executable, "-m", "stages.train", "shakespeare", "--data", str(lm_built["data"]), "--tokenizer",
+         str(lm_built["tok"]), "--model", str(tmp_path / "model.pt"), "--checkpoints", str(tmp_path / "ckpt"),
+         "--live", str(tmp_path / "live"), "--params", str(tmp_path / "params.yaml")],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, preexec_fn=cap_memory)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines()[-1] == (
+        "train@shakespeare: error: CPU out of memory. Tried to allocate 74.51 GiB: a batch is train.batch_size "
+        "10000000000 blocks of train.block_size 16 tokens; halve batch_size and double train.accumulate (now 1): "
+        "an update sees as many tokens, in half the memory; or make train.model smaller"), result.stderr
+    assert not (tmp_path / "model.pt").exists()
+
+
 @pytest.mark.parametrize("schedule, resumes", [("noam", True), ("cosine", False)])
 def test_raising_max_iters_continues_only_where_the_schedule_does_not_depend_on_it(lm_built, tmp_path, schedule,
                                                                                   resumes, caplog):
