@@ -155,6 +155,37 @@ def curves_caption(first_loss: float, vocab_size: int, smoothing: float, floor: 
     return text
 
 
+def stalled_caption(train: pd.DataFrame, lr: pd.DataFrame, vocab_size: int, kind: str) -> str:
+    """Where the training loss (``train``: its (step, value) rows) ended within 10% of ln V, the loss of a
+    model that has learnt nothing: what the learning rate (``lr``'s rows, one a step) says of why. Adam moves
+    a weight by at most about the learning rate a step, so the rates summed over the run bound how far any
+    weight went; below 0.1, about the size the weights start at, the rate was too low to reshape them. Empty
+    where the loss fell further."""
+    uniform = math.log(vocab_size)
+    end = train["value"].iloc[-max(1, len(train) // 100):].mean()  # the last ~1% of steps, as the figure
+    if end < 0.9 * uniform:
+        return ""
+    param = "train.lr" if kind == "lm" else "train.lr_factor"
+    longer = "train.max_iters" if kind == "lm" else "train.epochs"
+    travel, peak = lr["value"].sum(), lr["value"].max()
+    text = (f"The training loss ended at {end:.2f} nats a token, within 10% of the {uniform:.2f} of a model "
+            f"that has learnt nothing: this run has learnt little. Adam moves a weight by at most about the "
+            f"learning rate a step; summed over the run's {len(lr):,} steps, the rates come to {travel:.3g} "
+            f"(peak {peak:.3g})")
+    rising = lr["value"].idxmax() == lr.index[-1] and len(lr) > 1 and lr["value"].iloc[-1] > lr["value"].iloc[0]
+    if travel < 0.1:
+        text += (", too little to reshape weights that start at about 0.1 in size: the learning rate is too low "
+                 f"(raise {param})")
+    else:
+        text += (", enough to move the weights: a rate too high can keep the loss up without diverging (the "
+                 f"gradient norm then stays high, middle panel; lower {param}), and so can targets that the "
+                 "inputs do not determine")
+    if rising:
+        text += (f". The rate was still rising when training stopped: its warmup (train.warmup) is longer than "
+                 f"the run; shorten it, or train longer ({longer})")
+    return text + "."
+
+
 def model_line(state: dict) -> str:
     """What model.pt holds: the best weights, or the average of the last epochs' (``averaged_epochs``,
     kept because it validated better than any single epoch)."""
@@ -504,6 +535,7 @@ def report_lines(task, cfg, data_dir, tokenizer_dir, model_path, metrics_path, s
     plot_losses(curves, figures_dir / "loss.png", floor)
     first_loss = curves["train/loss"]["value"].iloc[0]
     validation = validation_caption(curves["valid/loss"], module.KIND)
+    stalled = stalled_caption(curves["train/loss"], curves["train/lr"], state["tgt_vocab_size"], module.KIND)
     lines = [
         f"# {task}: report", "",
         model_line(state), "",
@@ -512,6 +544,7 @@ def report_lines(task, cfg, data_dir, tokenizer_dir, model_path, metrics_path, s
         "## Training curves", "", f"![loss curves, gradient norm and learning rate]({rel}/loss.png)", "",
         curves_caption(first_loss, state["tgt_vocab_size"], smoothing, floor, state.get("initial_repeats_input"),
                        model.cfg.tie_embeddings), "",
+        *([stalled, ""] if stalled else []),
         *([validation, ""] if validation else []),
     ]
     if module.KIND == "lm":

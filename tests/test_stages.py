@@ -184,6 +184,32 @@ def test_the_curves_caption_says_where_the_loss_should_start_and_where_it_can_en
     assert "given at" not in reporting.curves_caption(4.3, 14, 0.1, 0.57, repeats=0.2, tied=True)
 
 
+def test_a_loss_that_did_not_fall_is_told_with_what_the_learning_rate_says():
+    """A run whose training loss ends near ln V (here ln 221 = 5.40) has learnt little: the report says so,
+    and whether the rates summed over the run could move the weights at all (cumsum with lr_factor 0.0005:
+    0.00145 in 708 steps), where the validation caption alone said only "still falling"."""
+    steps = range(1, 701)
+
+    def caption(end_loss, rates, kind="seq2seq"):
+        loss = pd.DataFrame({"step": steps, "value": [5.5 + (end_loss - 5.5) * i / 699 for i in range(700)]})
+        return reporting.stalled_caption(loss, pd.DataFrame({"step": steps, "value": rates}), 221, kind)
+
+    noam = [3.5e-3 * min(i / 400, (400 / i) ** 0.5) for i in steps]  # the default's warmup and decay
+    assert caption(0.9, noam) == ""  # fell: nothing to say
+    low = caption(5.1, [rate / 1000 for rate in noam])
+    assert low.startswith("The training loss ended at 5.1")
+    assert "within 10% of the 5.40 of a model that has learnt nothing" in low
+    assert f"summed over the run's 700 steps, the rates come to {sum(noam) / 1000:.3g}" in low
+    assert "the learning rate is too low (raise train.lr_factor)" in low and "still rising" not in low
+    warming = caption(5.1, [1e-7 * i for i in steps], "lm")  # a warmup longer than the run: summed, 0.0245
+    assert "too low (raise train.lr)" in warming
+    assert "still rising when training stopped: its warmup (train.warmup) is longer" in warming
+    assert "train longer (train.max_iters)" in warming
+    high = caption(5.3, [0.05] * 700)  # summed to 35: the weights could move
+    assert "enough to move the weights: a rate too high can keep the loss up" in high
+    assert "lower train.lr_factor" in high and "still rising" not in high
+
+
 def test_the_validation_caption_tells_falling_from_overfitting_from_a_plateau():
     def caption(values, kind="seq2seq"):
         return reporting.validation_caption(pd.DataFrame({"step": range(100, 100 * len(values) + 1, 100),
