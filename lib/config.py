@@ -336,12 +336,17 @@ STAGE_CONFIGS = {
     "report": {"seq2seq": ReportConfig, "lm": LMReportConfig},
 }
 
+# By the task's kind, the train param that sets the learning rate, and the one that sets how long it trains:
+# what a message about a run's rate or length names.
+LR_PARAM = {"seq2seq": "train.lr_factor", "lm": "train.lr"}
+LENGTH_PARAM = {"seq2seq": "train.epochs", "lm": "train.max_iters"}
+
 
 def parse_yaml(text: str, source: str):
     """``text`` read as DVC reads params.yaml and ``-S`` values: YAML 1.2 (ruamel), where PyYAML's YAML 1.1
-    read ``3e-4`` and ``1:30`` as text, ``yes``/``off`` as booleans and ``010`` as 8, and let a key given
-    twice in a mapping quietly take its last value. Anything that is not valid YAML is a ConfigError
-    naming ``source`` and, where YAML marks one, the line and column."""
+    read ``3e-4`` and ``0o10`` as text, ``1:30`` as 90, ``yes``/``off`` as booleans and ``010`` as 8, and
+    let a key given twice in a mapping quietly take its last value. Anything that is not valid YAML is a
+    ConfigError naming ``source`` and, where YAML marks one, the line and column."""
     from ruamel.yaml import YAML, YAMLError  # dvc's own reader, installed with it
 
     try:

@@ -16,7 +16,7 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
 from lib import checkpoint  # noqa: E402
-from lib.config import ConfigError, flatten  # noqa: E402
+from lib.config import LENGTH_PARAM, LR_PARAM, ConfigError, flatten  # noqa: E402
 from lib.data import collate, read_split, read_text  # noqa: E402
 from lib.masks import padding_mask, target_mask  # noqa: E402
 from lib.model import parameter_counts  # noqa: E402
@@ -165,24 +165,22 @@ def stalled_caption(train: pd.DataFrame, lr: pd.DataFrame, vocab_size: int, kind
     end = train["value"].iloc[-max(1, len(train) // 100):].mean()  # the last ~1% of steps, as the figure
     if end < 0.9 * uniform:
         return ""
-    param = "train.lr" if kind == "lm" else "train.lr_factor"
-    longer = "train.max_iters" if kind == "lm" else "train.epochs"
     travel, peak = lr["value"].sum(), lr["value"].max()
     text = (f"The training loss ended at {end:.2f} nats a token, within 10% of the {uniform:.2f} of a model "
             f"that has learnt nothing: this run has learnt little. Adam moves a weight by at most about the "
             f"learning rate a step; summed over the run's {len(lr):,} steps, the rates come to {travel:.3g} "
             f"(peak {peak:.3g})")
-    rising = lr["value"].idxmax() == lr.index[-1] and len(lr) > 1 and lr["value"].iloc[-1] > lr["value"].iloc[0]
+    rising = lr["value"].iloc[-1] > lr["value"].iloc[0] and lr["value"].idxmax() == lr.index[-1]
     if travel < 0.1:
         text += (", too little to reshape weights that start at about 0.1 in size: the learning rate is too low "
-                 f"(raise {param})")
+                 f"(raise {LR_PARAM[kind]})")
     else:
         text += (", enough to move the weights: a rate too high can keep the loss up without diverging (the "
-                 f"gradient norm then stays high, middle panel; lower {param}), and so can targets that the "
+                 f"gradient norm then stays high, middle panel; lower {LR_PARAM[kind]}), and so can targets that the "
                  "inputs do not determine")
     if rising:
         text += (f". The rate was still rising when training stopped: its warmup (train.warmup) is longer than "
-                 f"the run; shorten it, or train longer ({longer})")
+                 f"the run; shorten it, or train longer ({LENGTH_PARAM[kind]})")
     return text + "."
 
 
@@ -269,12 +267,11 @@ def validation_caption(valid: pd.DataFrame | None, kind: str) -> str:
     steps, values = valid["step"].tolist(), valid["value"].tolist()
     best = min(range(len(values)), key=values.__getitem__)
     last, previous = values[-1], values[-2]
-    longer = "train.max_iters" if kind == "lm" else "train.epochs"
     text = f"The validation loss, over {len(values)} evaluations, was lowest at step {steps[best]} ({values[best]:.4f})"
     if best == len(values) - 1:
         if previous - last > 0.01 * previous:
             return (text + f", the last, and still falling ({previous:.4f} at step {steps[-2]}): a longer run "
-                    f"({longer}) would likely lower it further.")
+                    f"({LENGTH_PARAM[kind]}) would likely lower it further.")
         return text + ", the last, where it had levelled off."
     rise = last / values[best] - 1
     text += f"; the last, at step {steps[-1]}, is {last:.4f}, {rise:+.1%}."

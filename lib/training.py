@@ -31,7 +31,7 @@ from dvclive import Live
 from tqdm import tqdm
 
 from lib import checkpoint, distributed
-from lib.config import ConfigError, LMTrainConfig, TrainConfig, flatten
+from lib.config import LR_PARAM, ConfigError, LMTrainConfig, TrainConfig, flatten
 from lib.data import Pairs, collate, read_split, read_text, to_device, token_budget_batches
 from lib.masks import padding_mask, target_mask
 from lib.metrics import (BF16_KERNEL_FLAGS, NATIVE_BF16_FLAGS, PRECISION_DTYPES, cpu_flags, matmul_peak, perplexity,
@@ -314,10 +314,9 @@ class Session:
         if not math.isfinite(loss):
             kept = f"the last good checkpoint, {self.last_path}, is kept" if self.last_path.is_file() else \
                 "no checkpoint was written yet"
-            lr_param = "lr_factor" if self.kind == "seq2seq" else "lr"  # what sets each kind's learning rate
             raise DivergedError(
                 f"training diverged at step {self.state['step']}: the loss is {loss}. The likely cause is "
-                f"a learning rate too high for this model (train.{lr_param}, train.warmup); {kept}"
+                f"a learning rate too high for this model ({LR_PARAM[self.kind]}, train.warmup); {kept}"
             )
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
