@@ -1,4 +1,4 @@
-"""The model: parity with torch's layers, causality, padding invariance, positions, overfitting."""
+"""The model: parity with torch's layers and whole stacks, causality, padding invariance, positions, overfitting."""
 
 import functools
 
@@ -24,6 +24,25 @@ def copy_common(ours, ref, norms):
             mine.bias.copy_(theirs.bias)
 
 
+def copy_layers(ours: nn.ModuleList, ref: nn.ModuleList):
+    """Load each of torch's encoder or decoder layers into ours, layer by layer."""
+    for mine, theirs in zip(ours, ref, strict=True):
+        copy_mha(mine.self_attn, theirs.self_attn)
+        if hasattr(theirs, "multihead_attn"):
+            copy_mha(mine.cross_attn, theirs.multihead_attn)
+        copy_common(mine, theirs, [n for n in ("norm1", "norm2", "norm3") if hasattr(theirs, n)])
+
+
+def final_norm(ours: nn.Module, ref: nn.LayerNorm) -> nn.LayerNorm | None:
+    """torch's stacks end in a LayerNorm whatever norm_first says; the paper's Post-LN has none (ours is Identity),
+    Pre-LN needs one. The norm the reference should end in, loaded with ours."""
+    if isinstance(ours, nn.Identity):
+        return None
+    with torch.no_grad():
+        ref.weight.copy_(ours.weight), ref.bias.copy_(ours.bias)
+    return ref
+
+
 @pytest.mark.parametrize("norm_first", [False, True])
 @pytest.mark.parametrize("fused, activation", [(True, "relu"), (False, "relu"), (True, "gelu")])
 def test_encoder_layer_matches_torch(norm_first, fused, activation):
@@ -31,8 +50,7 @@ def test_encoder_layer_matches_torch(norm_first, fused, activation):
     ref = nn.TransformerEncoderLayer(cfg.d_model, cfg.n_heads, cfg.d_ff, dropout=0.0, batch_first=True,
                                      norm_first=norm_first, activation=activation)
     ours = EncoderLayer(cfg)
-    copy_mha(ours.self_attn, ref.self_attn)
-    copy_common(ours, ref, ["norm1", "norm2"])
+    copy_layers([ours], [ref])
     ref.train(), ours.train()  # dropout is 0; train mode keeps torch off its fused fast path
     x = torch.randn(3, 7, cfg.d_model)
     ids = tokens_with_padding()
@@ -48,9 +66,7 @@ def test_decoder_layer_matches_torch(norm_first, fused, activation):
     ref = nn.TransformerDecoderLayer(cfg.d_model, cfg.n_heads, cfg.d_ff, dropout=0.0, batch_first=True,
                                      norm_first=norm_first, activation=activation)
     ours = DecoderLayer(cfg)
-    copy_mha(ours.self_attn, ref.self_attn)
-    copy_mha(ours.cross_attn, ref.multihead_attn)
-    copy_common(ours, ref, ["norm1", "norm2", "norm3"])
+    copy_layers([ours], [ref])
     x, memory = torch.randn(3, 7, cfg.d_model), torch.randn(3, 5, cfg.d_model)
     tgt, src = tokens_with_padding(3, 7), tokens_with_padding(3, 5, (5, 3, 1))
     expected = ref(x, memory, tgt_mask=~causal_mask(7)[0, 0],
@@ -59,6 +75,44 @@ def test_decoder_layer_matches_torch(norm_first, fused, activation):
     assert (got - expected).abs().max() <= 1e-5
     assert torch.all(self_w.triu(1) == 0)  # nothing from the future
     assert torch.all(cross_w[2, :, :, 1:] == 0)  # nothing from source padding
+
+
+@pytest.mark.filterwarnings("ignore:enable_nested_tensor is True")  # torch's constructor, on Pre-LN
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_the_whole_encoder_decoder_matches_torch_transformer(norm_first):
+    """The stacks as the layers are stacked: 3 encoder layers then 2 decoder layers, each decoder layer reading the
+    last encoder layer's output (after the final norm), the masks carried through every layer, equal to
+    ``torch.nn.Transformer`` given our embeddings."""
+    cfg = model_config(norm_first=norm_first, encoder_layers=3, decoder_layers=2)
+    ours = Transformer(cfg, 30, 30, joint_vocab=True).eval()
+    ref = nn.Transformer(cfg.d_model, cfg.n_heads, cfg.encoder_layers, cfg.decoder_layers, cfg.d_ff, dropout=0.0,
+                         batch_first=True, norm_first=norm_first).train()  # train: off torch's fused fast path
+    copy_layers(ours.encoder_layers, ref.encoder.layers)
+    copy_layers(ours.decoder_layers, ref.decoder.layers)
+    ref.encoder.norm = final_norm(ours.encoder_norm, ref.encoder.norm)
+    ref.decoder.norm = final_norm(ours.decoder_norm, ref.decoder.norm)
+    src, tgt = tokens_with_padding(3, 6, (6, 4, 2)), tokens_with_padding(3, 7)
+    expected = ref(ours.src_embed(src), ours.tgt_embed(tgt), tgt_mask=~causal_mask(7)[0, 0], tgt_is_causal=True,
+                   src_key_padding_mask=src == PAD, tgt_key_padding_mask=tgt == PAD,
+                   memory_key_padding_mask=src == PAD)
+    got = ours(src, tgt, padding_mask(src, PAD), target_mask(tgt, PAD), project=False)
+    assert (got - expected).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_the_whole_lm_matches_torchs_encoder_stack_under_a_causal_mask(norm_first):
+    """The decoder-only LM is torch's ``TransformerEncoder`` under a causal mask, given our embeddings, then our
+    output layer."""
+    cfg = model_config(norm_first=norm_first, decoder_layers=3)
+    ours = TransformerLM(cfg, 30).eval()
+    layer = nn.TransformerEncoderLayer(cfg.d_model, cfg.n_heads, cfg.d_ff, dropout=0.0, batch_first=True,
+                                       norm_first=norm_first)
+    ref = nn.TransformerEncoder(layer, cfg.decoder_layers, enable_nested_tensor=False).train()
+    copy_layers(ours.layers, ref.layers)
+    ref.norm = final_norm(ours.norm, nn.LayerNorm(cfg.d_model))
+    ids = torch.randint(0, 30, (3, 9))
+    expected = ours.generator(ref(ours.embed(ids), mask=~causal_mask(9)[0, 0], is_causal=True))
+    assert (ours(ids) - expected).abs().max() <= 1e-5
 
 
 def test_rmsnorm_matches_torch():
