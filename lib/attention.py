@@ -26,8 +26,9 @@ def scaled_dot_product_attention(
 
     q (B, H, Tq, D), k and v (B, Hkv, Tk, D): Hkv = H, or fewer key/value heads
     each shared by G = H / Hkv consecutive query heads (grouped-query attention;
-    one, multi-query). mask broadcastable to (B, H, Tq, Tk), True = may attend;
-    bias an additive float tensor broadcastable to the scores. Returns the output
+    one, multi-query). mask boolean, True = may attend, of 4 dimensions each
+    (B, H, Tq, Tk)'s size or 1 (lib.masks); bias an additive float tensor
+    broadcastable to the scores. Returns the output
     (B, H, Tq, D) and the weights (B, H, Tq, Tk) before dropout. Masked keys get
     exactly zero weight; a row with no allowed key gets all-zero weights (and a
     zero output), not NaN.
@@ -38,6 +39,7 @@ def scaled_dot_product_attention(
         raise ValueError(f"{H} query heads cannot share {Hkv} key/value heads evenly")
     G = H // Hkv
     if mask is not None:
+        _check_mask(mask, (B, H, Tq, k.size(2)))
         # The most negative finite value rather than -inf: a fully masked row then
         # softmaxes to a uniform row instead of NaN, zeroed below; in any other row a
         # masked key's weight underflows to exactly 0.
@@ -66,6 +68,18 @@ def scaled_dot_product_attention(
     attended = weights if dropout is None else dropout(weights)
     out = torch.bmm(attended.reshape(B * Hkv, G * Tq, -1), v.reshape(B * Hkv, -1, D))  # (B*Hkv, G*Tq, D)
     return out.view(B, H, Tq, D), weights  # (B, H, Tq, D), (B, H, Tq, Tk)
+
+
+def _check_mask(mask: torch.Tensor, scores: tuple[int, int, int, int]):
+    """Refuse a mask that would not mean what it says. Broadcasting alone would take a (B, Tk) padding mask
+    as (Tq, Tk) rows, one batch row's padding for each query, whenever B happened to equal Tq (or 1)."""
+    if mask.dtype != torch.bool:
+        raise TypeError(f"attention mask of dtype {mask.dtype}: it must be boolean, True where a query may attend "
+                        "(an additive mask of 0 and -inf, as torch's attn_mask takes, goes in bias)")
+    if mask.dim() != 4 or any(m not in (1, n) for m, n in zip(mask.shape, scores)):
+        raise ValueError(f"attention mask of shape {tuple(mask.shape)} does not fit the scores' (B, H, Tq, Tk) = "
+                         f"{scores}: it needs 4 dimensions, each that size or 1, as lib.masks makes them "
+                         "(padding_mask: (B, 1, 1, Tk); causal_mask: (1, 1, Tq, Tk); target_mask: (B, 1, Tq, Tk))")
 
 
 def _grouped(bias: torch.Tensor, B: int, H: int, G: int, Tq: int) -> torch.Tensor:

@@ -1,6 +1,7 @@
 """Attention: masks, the pure function, and parity with torch.nn.MultiheadAttention."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -56,6 +57,24 @@ def test_weights_are_a_distribution_over_allowed_keys():
     _, weights = scaled_dot_product_attention(q, k, v, mask)
     assert torch.allclose(weights.sum(-1), torch.ones(2, 3, 5))
     assert torch.all(weights.masked_select(~mask.expand_as(weights)) == 0)
+
+
+def test_a_mask_of_the_wrong_shape_or_kind_is_refused_naming_both_shapes():
+    """A padding mask left as (B, Tk), without its head and query axes, broadcasts as (Tq, Tk) whenever B equals Tq:
+    each query then reads the padding of one batch row, in every batch row, silently. It is refused, as are the
+    source's mask given to the target's keys and an additive float mask."""
+    q = torch.randn(4, 2, 4, 8)  # B = Tq = 4
+    ids = tokens_with_padding(4, 4, (4, 3, 2, 1))
+    with pytest.raises(ValueError, match=re.escape("mask of shape (4, 4) does not fit the scores' (B, H, Tq, Tk) = "
+                                                   "(4, 2, 4, 4)")):
+        scaled_dot_product_attention(q, q, q, ids != PAD)
+    right, _ = scaled_dot_product_attention(q, q, q, padding_mask(ids, PAD))  # (B, 1, 1, Tk)
+    broadcast, _ = scaled_dot_product_attention(q, q, q, (ids != PAD)[None, None])  # what (4, 4) would have meant
+    assert not torch.allclose(right, broadcast, atol=1e-3)
+    with pytest.raises(ValueError, match=re.escape("(4, 1, 1, 6) does not fit")):
+        scaled_dot_product_attention(q, q, q, padding_mask(tokens_with_padding(4, 6, (6, 5, 4, 3)), PAD))
+    with pytest.raises(TypeError, match="dtype torch.float32: it must be boolean, True where a query may attend"):
+        scaled_dot_product_attention(q, q, q, torch.zeros(1, 1, 4, 4))
 
 
 def test_fully_masked_row_gives_zeros_not_nan():
