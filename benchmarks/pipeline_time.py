@@ -1,7 +1,7 @@
 """Wall time of the whole default pipeline, `dvc repro --force`, and what it reached.
 
 Run from the repository root with the venv active:
-    python benchmarks/pipeline_time.py
+    PYTHONPATH=. python benchmarks/pipeline_time.py
 Prints one JSON object: seconds for the pipeline, the tasks, and each task's
 test metrics. It rebuilds every stage of the enabled tasks in place.
 """
@@ -16,7 +16,8 @@ from datetime import date
 from pathlib import Path
 
 import torch
-import yaml
+
+from lib.config import load_params
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def main():
     # No options, but --help must print this rather than start a forced rebuild.
     argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
-    tasks = yaml.safe_load((ROOT / "params.yaml").read_text())["tasks"]
+    tasks = load_params(ROOT / "params.yaml")["tasks"]  # read as dvc reads it
     dvc = str(Path(sys.executable).with_name("dvc"))
     start = time.perf_counter()
     subprocess.run([dvc, "repro", "--force"], cwd=ROOT, check=True, stdout=sys.stderr)  # stdout: the JSON only
