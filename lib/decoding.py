@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from lib.data import Pairs, collate, token_budget_batches
+from lib.dropout import Dropout
 from lib.masks import padding_mask, target_mask
 from lib.tokenizer import SpecialIds
 
@@ -43,10 +44,19 @@ def length_penalty(length: torch.Tensor | int, alpha: float):
     return ((5 + length) / 6) ** alpha
 
 
+def check_eval_mode(model):
+    """Refuse a model left in training mode with dropout on: every step of a search or score would then be drawn
+    from a randomly thinned model, a different output each call and a worse one, and nothing would say so."""
+    if model.training and any(isinstance(m, (Dropout, torch.nn.Dropout)) and m.p > 0 for m in model.modules()):
+        raise ValueError("the model is in training mode, so its dropout would thin it at every step: call "
+                         "model.eval() before searching, sampling or scoring (and model.train() to train on)")
+
+
 class Decoder:
     """One encoded batch, stepped token by token: logits for the next token of every row."""
 
     def __init__(self, model, src: torch.Tensor, ids: SpecialIds, use_cache: bool, repeat: int = 1):
+        check_eval_mode(model)
         self.model, self.ids, self.use_cache = model, ids, use_cache
         src_mask = padding_mask(src, ids.pad)  # (B, 1, 1, S)
         memory, _ = model.encode(src, src_mask)  # (B, S, C)
@@ -228,6 +238,7 @@ def score_outputs(model, sources: list[list[int]], outputs: list[list[int]], ids
     """What beam search reports for each output of its source, computed by teacher forcing, in batches of at
     most ``max_tokens`` tokens a side. ``eos``: whether each output ended with eos (default: all did); the
     eos's log-probability counts only where it did."""
+    check_eval_mode(model)
     eos = [True] * len(outputs) if eos is None else eos
     device = next(model.parameters()).device
     pairs = Pairs(sources, outputs)
@@ -264,6 +275,7 @@ def sampled(
     block; past it, the window slides and every position moves, so each step
     recomputes the window. ``generator`` (on the CPU) makes it reproducible.
     """
+    check_eval_mode(model)
     device = next(model.parameters()).device
     ids = torch.tensor([prompt], dtype=torch.long, device=device)  # (1, T)
     cache, fed = (model.new_cache(), 0) if use_cache else (None, 0)

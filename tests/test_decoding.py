@@ -168,3 +168,20 @@ def test_sampling_is_seeded_and_cache_free_sampling_matches():
                    use_cache=cache) for cache in (True, True, False)]
     assert runs[0] == runs[1] == runs[2]  # past the 16-token block the window slides, cached or not
     assert len(runs[0]) == 32 and runs[0][:2] == [5, 6]
+
+
+def test_a_model_left_in_training_mode_with_dropout_is_refused_by_every_search_and_score():
+    """Forgetting model.eval() after training: each step would be drawn from a randomly thinned model."""
+    src = sources(B=3)
+    limit = (src != IDS.pad).sum(1) + 2
+    translator = Transformer(model_config(dropout=0.1, tie_embeddings=True), V, V, joint_vocab=True).train()
+    lm = TransformerLM(model_config(dropout=0.1, max_len=16), V).train()
+    calls = [lambda: greedy_search(translator, src, IDS, limit), lambda: beam_search(translator, src, IDS, limit, 3),
+             lambda: score_outputs(translator, unpadded(src), unpadded(src), IDS, 4096),
+             lambda: sample(lm, [5, 6], 4, 1.0, 0, torch.Generator().manual_seed(0), block_size=16)]
+    for call in calls:
+        with pytest.raises(ValueError, match=r"the model is in training mode, .* call model\.eval\(\) before"):
+            call()
+    translator.eval(), lm.eval()
+    assert all(call() for call in calls)
+    assert greedy_decode(seq2seq().train(), src, IDS, limit)  # training mode without dropout draws nothing
