@@ -1,5 +1,7 @@
 """Incremental decoding, beam search and sampling against their definitions."""
 
+import itertools
+
 import pytest
 import torch
 
@@ -185,3 +187,30 @@ def test_a_model_left_in_training_mode_with_dropout_is_refused_by_every_search_a
     translator.eval(), lm.eval()
     assert all(call() for call in calls)
     assert greedy_decode(seq2seq().train(), src, IDS, limit)  # training mode without dropout draws nothing
+
+
+def every_output(words: list[int], limit: int) -> list[tuple[list[int], bool]]:
+    """Every output of at most ``limit`` tokens, the eos included, as (tokens, ended with eos)."""
+    ended = [(list(seq), True) for n in range(limit) for seq in itertools.product(words, repeat=n)]
+    return ended + [(list(seq), False) for seq in itertools.product(words, repeat=limit)]
+
+
+@pytest.mark.parametrize("alpha", [0.0, 1.0])
+def test_a_beam_wide_enough_to_keep_every_output_is_exact_search(alpha):
+    """Beam search against its definition: with as many beams as there are outputs, nothing is pruned, and its
+    ranking must be the ranking of every output, each scored alone by teacher forcing. 3 real tokens and <unk>;
+    at most 3 tokens with the eos (1 + 4 + 16 ending in eos, 64 cut there) for one sentence, 2 for the other."""
+    torch.manual_seed(0)
+    model = Transformer(model_config(tie_embeddings=True), 7, 7, joint_vocab=True).eval()
+    with torch.no_grad():
+        model.generator.weight.mul_(4.0)
+    src, limits = torch.tensor([[4, 5, 6, 5], [6, 4, IDS.pad, IDS.pad]]), [3, 2]
+    width = len(every_output([IDS.unk, 4, 5, 6], max(limits)))  # 85
+    beams = beam_search(model, src, IDS, torch.tensor(limits), beam_size=width, alpha=alpha, n_best=width)
+    for source, limit, found in zip(unpadded(src), limits, beams):
+        outputs = every_output([IDS.unk, 4, 5, 6], limit)
+        scored = score_outputs(model, [source] * len(outputs), [t for t, _ in outputs], IDS, 4096, alpha,
+                               [e for _, e in outputs])
+        ranked = sorted(scored, key=lambda h: h.score, reverse=True)
+        assert [(h.tokens, h.eos) for h in found] == [(h.tokens, h.eos) for h in ranked]
+        assert [h.score for h in found] == pytest.approx([h.score for h in ranked], abs=1e-4)
