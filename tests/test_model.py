@@ -33,14 +33,24 @@ def copy_layers(ours: nn.ModuleList, ref: nn.ModuleList):
         copy_common(mine, theirs, [n for n in ("norm1", "norm2", "norm3") if hasattr(theirs, n)])
 
 
-def final_norm(ours: nn.Module, ref: nn.LayerNorm) -> nn.LayerNorm | None:
-    """torch's stacks end in a LayerNorm whatever norm_first says; the paper's Post-LN has none (ours is Identity),
-    Pre-LN needs one. The norm the reference should end in, loaded with ours."""
-    if isinstance(ours, nn.Identity):
+def final_norm(ours: nn.Module, ref: nn.LayerNorm, norm_first: bool) -> nn.LayerNorm | None:
+    """torch's stacks end in a LayerNorm whatever norm_first says. The paper's Post-LN has none; Pre-LN needs one.
+    The norm the reference should end in, its weights loaded into ours."""
+    if not norm_first:
         return None
     with torch.no_grad():
-        ref.weight.copy_(ours.weight), ref.bias.copy_(ours.bias)
+        ours.weight.copy_(ref.weight), ours.bias.copy_(ref.bias)
     return ref
+
+
+def with_trained_looking_norms(model: nn.Module) -> nn.Module:
+    """Norm gains and biases away from 1 and 0, as training leaves them: a fresh LayerNorm after a fresh LayerNorm
+    changes nothing, so only then does an extra or a missing norm show."""
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, nn.LayerNorm):
+                module.weight.uniform_(0.5, 1.5), module.bias.normal_(0.0, 0.2)
+    return model
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
@@ -50,7 +60,7 @@ def test_encoder_layer_matches_torch(norm_first, fused, activation):
     ref = nn.TransformerEncoderLayer(cfg.d_model, cfg.n_heads, cfg.d_ff, dropout=0.0, batch_first=True,
                                      norm_first=norm_first, activation=activation)
     ours = EncoderLayer(cfg)
-    copy_layers([ours], [ref])
+    copy_layers([ours], [with_trained_looking_norms(ref)])
     ref.train(), ours.train()  # dropout is 0; train mode keeps torch off its fused fast path
     x = torch.randn(3, 7, cfg.d_model)
     ids = tokens_with_padding()
@@ -66,7 +76,7 @@ def test_decoder_layer_matches_torch(norm_first, fused, activation):
     ref = nn.TransformerDecoderLayer(cfg.d_model, cfg.n_heads, cfg.d_ff, dropout=0.0, batch_first=True,
                                      norm_first=norm_first, activation=activation)
     ours = DecoderLayer(cfg)
-    copy_layers([ours], [ref])
+    copy_layers([ours], [with_trained_looking_norms(ref)])
     x, memory = torch.randn(3, 7, cfg.d_model), torch.randn(3, 5, cfg.d_model)
     tgt, src = tokens_with_padding(3, 7), tokens_with_padding(3, 5, (5, 3, 1))
     expected = ref(x, memory, tgt_mask=~causal_mask(7)[0, 0],
@@ -87,10 +97,11 @@ def test_the_whole_encoder_decoder_matches_torch_transformer(norm_first):
     ours = Transformer(cfg, 30, 30, joint_vocab=True).eval()
     ref = nn.Transformer(cfg.d_model, cfg.n_heads, cfg.encoder_layers, cfg.decoder_layers, cfg.d_ff, dropout=0.0,
                          batch_first=True, norm_first=norm_first).train()  # train: off torch's fused fast path
+    with_trained_looking_norms(ref)
     copy_layers(ours.encoder_layers, ref.encoder.layers)
     copy_layers(ours.decoder_layers, ref.decoder.layers)
-    ref.encoder.norm = final_norm(ours.encoder_norm, ref.encoder.norm)
-    ref.decoder.norm = final_norm(ours.decoder_norm, ref.decoder.norm)
+    ref.encoder.norm = final_norm(ours.encoder_norm, ref.encoder.norm, norm_first)
+    ref.decoder.norm = final_norm(ours.decoder_norm, ref.decoder.norm, norm_first)
     src, tgt = tokens_with_padding(3, 6, (6, 4, 2)), tokens_with_padding(3, 7)
     expected = ref(ours.src_embed(src), ours.tgt_embed(tgt), tgt_mask=~causal_mask(7)[0, 0], tgt_is_causal=True,
                    src_key_padding_mask=src == PAD, tgt_key_padding_mask=tgt == PAD,
@@ -107,9 +118,10 @@ def test_the_whole_lm_matches_torchs_encoder_stack_under_a_causal_mask(norm_firs
     ours = TransformerLM(cfg, 30).eval()
     layer = nn.TransformerEncoderLayer(cfg.d_model, cfg.n_heads, cfg.d_ff, dropout=0.0, batch_first=True,
                                        norm_first=norm_first)
-    ref = nn.TransformerEncoder(layer, cfg.decoder_layers, enable_nested_tensor=False).train()
+    ref = nn.TransformerEncoder(layer, cfg.decoder_layers, norm=nn.LayerNorm(cfg.d_model), enable_nested_tensor=False)
+    with_trained_looking_norms(ref.train())
     copy_layers(ours.layers, ref.layers)
-    ref.norm = final_norm(ours.norm, nn.LayerNorm(cfg.d_model))
+    ref.norm = final_norm(ours.norm, ref.norm, norm_first)
     ids = torch.randint(0, 30, (3, 9))
     expected = ours.generator(ref(ours.embed(ids), mask=~causal_mask(9)[0, 0], is_causal=True))
     assert (ours(ids) - expected).abs().max() <= 1e-5
