@@ -18,9 +18,11 @@ PAD = 0
 
 
 def copy_mha(ours: MultiHeadAttention, ref: nn.MultiheadAttention):
-    """Load torch's (3C, C) in-projection and out-projection into ours."""
+    """Load torch's (3C, C) in-projection and out-projection into ours. torch starts their biases at zero, where
+    a bias dropped or taken from the wrong rows would change nothing: they are drawn at random first."""
     C = ref.embed_dim
     with torch.no_grad():
+        ref.in_proj_bias.normal_(0.0, 0.5), ref.out_proj.bias.normal_(0.0, 0.5)
         if ours.fused_qkv:
             ours.qkv_proj.weight.copy_(ref.in_proj_weight)
             ours.qkv_proj.bias.copy_(ref.in_proj_bias)
