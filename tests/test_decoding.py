@@ -5,8 +5,8 @@ import itertools
 import pytest
 import torch
 
-from lib.decoding import (Decoder, beam_search, greedy_search, sample, score_outputs, top_k_filter,
-                          top_p_filter, translate_n_best)
+from lib.decoding import (Decoder, Hypothesis, beam_search, greedy_search, length_penalty, sample, score_outputs,
+                          top_k_filter, top_p_filter, translate_n_best)
 from lib.model import Transformer, TransformerLM
 from lib.tokenizer import SpecialIds
 from tests.conftest import model_config
@@ -163,6 +163,14 @@ def test_top_k_and_top_p_never_sample_outside_the_allowed_set():
     assert torch.equal(top_p_filter(logits, 1.0), logits) and torch.equal(top_k_filter(logits, 0), logits)
 
 
+@pytest.mark.parametrize("p, kept", [(0.5, 1), (0.75, 2), (0.76, 3), (1.0, 4)])
+def test_top_p_keeps_the_smallest_set_whose_probabilities_reach_p(p, kept):
+    """Nucleus sampling (Holtzman et al., 2020): probabilities 1/2, 1/4, 1/8, 1/8, exact in binary, so that a
+    set reaching p exactly is told apart from one that passes it."""
+    logits = torch.tensor([0.5, 0.25, 0.125, 0.125]).log()
+    assert top_p_filter(logits, p).isfinite().tolist() == [True] * kept + [False] * (4 - kept)
+
+
 def test_sampling_is_seeded_and_cache_free_sampling_matches():
     torch.manual_seed(0)
     model = TransformerLM(model_config(max_len=16), V).eval()
@@ -214,3 +222,11 @@ def test_a_beam_wide_enough_to_keep_every_output_is_exact_search(alpha):
         ranked = sorted(scored, key=lambda h: h.score, reverse=True)
         assert [(h.tokens, h.eos) for h in found] == [(h.tokens, h.eos) for h in ranked]
         assert [h.score for h in found] == pytest.approx([h.score for h in ranked], abs=1e-4)
+
+
+def test_the_length_penalty_is_gnmts_and_counts_the_eos():
+    """((5 + |Y|) / 6) ** alpha (Wu et al., 2016, eq. 14): 1 for a one-token output, whatever alpha."""
+    assert length_penalty(1, 0.6) == 1.0 and length_penalty(7, 0.0) == 1.0
+    assert length_penalty(4, 1.0) == pytest.approx(1.5) and length_penalty(13, 0.5) == pytest.approx(3 ** 0.5)
+    assert Hypothesis.of([7, 8, 9], -3.0, True, 1.0).score == pytest.approx(-3.0 / 1.5)  # 3 tokens + eos
+    assert Hypothesis.of([7, 8, 9, 10], -3.0, False, 1.0).score == pytest.approx(-3.0 / 1.5)  # cut: no eos
