@@ -1,0 +1,162 @@
+"""How strong are the tests? Plant one bug at a time in a copy of the tree and see whether a test fails.
+
+Each mutation below is a mistake a first Transformer makes (a missing 1/sqrt(D),
+a mask flipped, the target not shifted, a bias dropped, ...), written as one
+exact replacement in one file. For each, the tree (without .git, .venv and the
+pipeline's outputs) is copied to a scratch directory, the replacement made, and
+the tests that should catch it run with ``pytest -x``: "killed" when one fails,
+"survived" when all pass (then no test can tell the mistake from the real
+thing: write one). "stale" means the source line has changed since the mutation
+was written: update the mutation. Prints a JSON line per mutation, then a summary.
+Run from the repository root (most take 2-15 s; the training ones about a minute):
+    PYTHONPATH=. python benchmarks/mutants.py [--only SUBSTRING ...] [--workdir /tmp/mutants]
+"""
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# The fast tests of the model's numerics, and the slower ones of training.
+NUMERIC = ["tests/test_attention.py", "tests/test_model.py", "tests/test_decoding.py", "tests/test_optim.py",
+           "tests/test_data.py"]
+TRAINING = ["tests/test_optim.py", "tests/test_distributed.py", "tests/test_lm.py", "tests/test_stages.py",
+            "tests/test_multi30k.py"]
+
+# (what, file, the exact text, what it becomes, tests)
+MUTATIONS = [
+    ("attention without 1/sqrt(D)", "lib/attention.py",
+     "q3, k3.transpose(1, 2), alpha=D**-0.5)", "q3, k3.transpose(1, 2), alpha=1.0)", NUMERIC),
+    ("softmax over the queries", "lib/attention.py",
+     "F.softmax(scores.float(), dim=-1)", "F.softmax(scores.float(), dim=-2)", NUMERIC),
+    ("no output projection", "lib/attention.py",
+     "return self.out_proj(out), weights", "return out, weights", NUMERIC),
+    ("fused q/k/v rows read in the wrong layout", "lib/attention.py",
+     "view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)",
+     "view(B, T, self.n_heads, 3, self.head_dim).permute(3, 0, 2, 1, 4)", NUMERIC),
+    ("heads split without the transpose", "lib/attention.py",
+     "return x.view(B, T, -1, self.head_dim).transpose(1, 2)", "return x.view(B, -1, T, self.head_dim)", NUMERIC),
+    ("heads merged without the transpose", "lib/attention.py",
+     "out = out.transpose(1, 2).reshape(B, Tq, C)", "out = out.reshape(B, Tq, C)", NUMERIC),
+    ("cross attention's bias dropped", "lib/attention.py",
+     "None if b is None else b[rows])", "None)", NUMERIC),
+    ("cross attention's keys and values swapped", "lib/attention.py",
+     "q, (k, v) = self._query(x)", "q, (v, k) = self._query(x)", NUMERIC),
+    ("RoPE turning the other way", "lib/attention.py", "sin[:, 0::2] *= -1", "sin[:, 1::2] *= -1", NUMERIC),
+    ("ALiBi's slopes off by one head", "lib/attention.py",
+     "2 ** (-8 * (i + 1) / n)", "2 ** (-8 * i / n)", NUMERIC),
+    ("ALiBi's distances ignoring the cache's offset", "lib/attention.py",
+     "(torch.arange(start, start + q_len)[:, None]", "(torch.arange(q_len)[:, None]", NUMERIC),
+    ("the causal mask flipped", "lib/masks.py", "torch.tril(", "torch.triu(", NUMERIC),
+    ("embeddings not scaled by sqrt(C)", "lib/model.py",
+     "x = self.tokens(ids) * self.scale", "x = self.tokens(ids)", NUMERIC),
+    ("positions: cosines where the sines go", "lib/model.py",
+     "table[:, 0::2] = torch.sin(", "table[:, 0::2] = torch.cos(", NUMERIC),
+    ("positions ignoring the cache's offset", "lib/model.py",
+     "return x + self.table[start:start + T]", "return x + self.table[:T]", NUMERIC),
+    ("the encoder's feed-forward without its residual", "lib/model.py",
+     "x = self.norm2(x + self.dropout(self.feed_forward(x)))\n        return x, weights",
+     "x = self.norm2(self.dropout(self.feed_forward(x)))\n        return x, weights", NUMERIC),
+    ("Post-LN cross attention reading the decoder", "lib/model.py",
+     "self.cross_attn(x, memory, src_mask, cross_cache, start)", "self.cross_attn(x, x, None, None, start)", NUMERIC),
+    ("Pre-LN without the encoder's final norm", "lib/model.py",
+     "self.encoder_norm = layer_norm(cfg) if cfg.norm_first else nn.Identity()",
+     "self.encoder_norm = nn.Identity()", NUMERIC),
+    ("GELU asked for, ReLU given", "lib/model.py",
+     "h = F.gelu(h) if self.activation == \"gelu\" else torch.relu(h)", "h = torch.relu(h)", NUMERIC),
+    ("tie_embeddings ignored", "lib/model.py",
+     "self.generator.weight = self.tgt_embed.tokens.weight\n", "pass\n", NUMERIC),
+    ("the target not shifted right", "lib/data.py",
+     "tgt_in = torch.cat([torch.full((len(indices), 1), ids.bos), tgt[:, :-1]], dim=1)", "tgt_in = tgt", NUMERIC),
+    ("a batch one sentence over its token budget", "lib/data.py",
+     "if current and (len(current) + 1) * longest_if_added > max_tokens:",
+     "if current and len(current) * longest_if_added > max_tokens:", NUMERIC),
+    ("label smoothing spread over V - 1 (the loss)", "lib/optim.py",
+     "loss = loss - smoothing / (V - 2) * (total", "loss = loss - smoothing / (V - 1) * (total", NUMERIC),
+    ("label smoothing spread over V - 1 (its gradient)", "lib/optim.py",
+     "    other = smoothing / (V - 2)\n", "    other = smoothing / (V - 1)\n", NUMERIC),
+    ("smoothing mass on pad (the gradient)", "lib/optim.py",
+     "    e[:, pad_id] += other * row_scale  # q_pad = 0\n", "", NUMERIC),
+    ("Noam's warmup rising as step / warmup", "lib/optim.py",
+     "step * warmup**-1.5)", "step * warmup**-1.0)", NUMERIC),
+    ("Noam's steps counted from 2", "lib/optim.py", "    step = max(step, 1)\n", "    step = max(step, 1) + 1\n",
+     NUMERIC),
+    ("GNMT's length penalty as (6 + |Y|) / 6", "lib/decoding.py",
+     "return ((5 + length) / 6) ** alpha", "return ((6 + length) / 6) ** alpha", NUMERIC),
+    ("greedy search choosing the least likely token", "lib/decoding.py",
+     "best, next_token = step.max(dim=-1)", "best, next_token = step.min(dim=-1)", NUMERIC),
+    ("greedy scores still adding up after eos", "lib/decoding.py",
+     "log_prob += best.masked_fill(finished, 0.0)", "log_prob += best", NUMERIC),
+    ("a finished beam's length still counted", "lib/decoding.py",
+     "new_length = length + (~finished)", "new_length = length + 1", NUMERIC),
+    ("finished beams not carried on", "lib/decoding.py",
+     "        step[finished, ids.pad] = 0.0\n", "", NUMERIC),
+    ("top-k keeping k + 1", "lib/decoding.py",
+     "kth = torch.topk(logits, k, dim=-1)", "kth = torch.topk(logits, k + 1, dim=-1)", NUMERIC),
+    ("top-p keeping a token past p", "lib/decoding.py", "drop_sorted = before >= p", "drop_sorted = before > p",
+     NUMERIC),
+    ("the cosine schedule's warmup one step ahead", "lib/optim.py",
+     "        return lr * step / warmup\n", "        return lr * (step + 1) / warmup\n", TRAINING),
+    ("weight decay on the embeddings", "lib/optim.py",
+     "if id(p) in linear_weights and id(p) not in embeddings]", "if id(p) in linear_weights or id(p) in embeddings]",
+     TRAINING),
+    ("gradient clipping 100 times too loose", "lib/training.py",
+     "clip_grad_norm_(self.model.parameters(), clip_norm, foreach=True)",
+     "clip_grad_norm_(self.model.parameters(), clip_norm * 100, foreach=True)", TRAINING),
+    ("gradients never zeroed", "lib/training.py",
+     "        self.optimizer.zero_grad(set_to_none=True)\n", "", TRAINING),
+    ("rank 0 taking every row of a global batch", "lib/distributed.py",
+     "    mine = rows[ctx.rank::ctx.world]\n", "    mine = rows[ctx.rank::ctx.world] if ctx.rank else rows\n", TRAINING),
+]
+
+
+def copy_tree(dest: Path):
+    """The working tree as it is, without what a mutation cannot touch."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(ROOT, dest, ignore=shutil.ignore_patterns(".git", ".venv", ".dvc", "data", "models", "reports",
+                                                              "__pycache__", ".pytest_cache"))
+
+
+def run(what: str, path: str, old: str, new: str, tests: list[str], tree: Path) -> dict:
+    copy_tree(tree)
+    source = tree / path
+    text = source.read_text(encoding="utf-8")
+    if text.count(old) != 1:
+        return {"mutation": what, "file": path, "result": "stale", "found": text.count(old)}
+    source.write_text(text.replace(old, new), encoding="utf-8")
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests], cwd=tree,
+                          capture_output=True, text=True)
+    failed = [line.split(" ")[1] for line in done.stdout.splitlines() if line.startswith("FAILED ")]
+    return {"mutation": what, "file": path, "result": "killed" if done.returncode else "survived",
+            "by": failed[:1], "seconds": round(time.perf_counter() - start, 1)}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="+", default=[], help="run the mutations whose description holds one of these")
+    parser.add_argument("--workdir", default=None, help="where the mutated copy goes (default: a temporary directory)")
+    args = parser.parse_args()
+    chosen = [m for m in MUTATIONS if not args.only or any(s in m[0] for s in args.only)]
+    if not chosen:
+        parser.error(f"--only {' '.join(args.only)}: no mutation's description holds it")
+    results = []
+    with tempfile.TemporaryDirectory(dir=args.workdir) as scratch:
+        for mutation in chosen:
+            results.append(run(*mutation, Path(scratch) / "tree"))
+            print(json.dumps(results[-1]), flush=True)
+    counts = {k: sum(r["result"] == k for r in results) for k in ("killed", "survived", "stale")}
+    print(json.dumps({"mutations": len(results), **counts,
+                      "survivors": [r["mutation"] for r in results if r["result"] == "survived"]}))
+    return 1 if counts["survived"] or counts["stale"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
