@@ -28,8 +28,8 @@ def scaled_dot_product_attention(
     each shared by G = H / Hkv consecutive query heads (grouped-query attention;
     one, multi-query). mask boolean, True = may attend, of 4 dimensions each
     (B, H, Tq, Tk)'s size or 1 (lib.masks); bias an additive float tensor
-    broadcastable to the scores. Returns the output
-    (B, H, Tq, D) and the weights (B, H, Tq, Tk) before dropout. Masked keys get
+    broadcastable to the scores. Returns the output (B, H, Tq, D) and the
+    weights (B, H, Tq, Tk) before dropout. Masked keys get
     exactly zero weight; a row with no allowed key gets all-zero weights (and a
     zero output), not NaN.
     """
