@@ -112,7 +112,8 @@ MUTATIONS = [
     ("gradients never zeroed", "lib/training.py",
      "        self.optimizer.zero_grad(set_to_none=True)\n", "", TRAINING),
     ("rank 0 taking every row of a global batch", "lib/distributed.py",
-     "    mine = rows[ctx.rank::ctx.world]\n", "    mine = rows[ctx.rank::ctx.world] if ctx.rank else rows\n", TRAINING),
+     "    mine = rows[ctx.rank::ctx.world]\n", "    mine = rows[ctx.rank::ctx.world] if ctx.rank else rows\n",
+     TRAINING),
 ]
 
 
