@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from lib import evaluation, reporting, tokenizer, training
-from lib.config import ConfigError, LMEvaluateConfig, LMReportConfig, LMTrainConfig, TokenizeConfig, from_dict
+from lib.config import (ConfigError, LMEvaluateConfig, LMReportConfig, LMTrainConfig, TokenizeConfig, from_dict,
+                        load_params)
 from lib.decoding import sample, top_k_filter
 from lib.model import TransformerLM
 from lib.optim import cosine_lr, weight_decay_groups
@@ -99,7 +100,7 @@ def test_the_cpu_running_out_of_memory_names_the_lms_batch_params(lm_built, tmp_
 
     import yaml
 
-    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params = load_params(ROOT / "params.yaml")
     params["tasks"] = ["shakespeare"]
     params["shakespeare"]["train"].update(device="cpu", batch_size=10 ** 10, block_size=16)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
