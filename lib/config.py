@@ -96,7 +96,8 @@ def choose(value: str, field: str, allowed: tuple[str, ...]):
 
 
 def check_seed(seed: int):
-    """Seeds go to torch generators (64-bit) after small arithmetic: 32 bits leave room for it."""
+    """A seed above 32 bits would be read as its low 32 bits by the CPU's generator (a Mersenne twister),
+    the same stream as a smaller seed's."""
     require(0 <= seed < 2**32, "seed", f"{seed} is not in [0, 2**32)")
 
 

@@ -82,9 +82,16 @@ def seed_own_stream(seed: int, ctx: Context):
     their rows: an LM's slices of a batch have one shape, so every process
     would draw the very same masks. Rank 0 goes on with the stream of a single
     process, which thus trains as it always has.
+
+    The CPU's generator (a Mersenne twister) keeps only a seed's low 32 bits:
+    ``seed + rank * 2**32`` gave every process the very same stream there. The
+    ranks' seeds step by an odd number modulo 2**32, so no two ranks share one.
     """
     if ctx.rank > 0:
-        torch.manual_seed(seed + (ctx.rank << 32))  # above 2**32: no run's train.seed (config.check_seed)
+        torch.manual_seed((seed + ctx.rank * RANK_SEED_STEP) % 2**32)
+
+
+RANK_SEED_STEP = 0x9E3779B9  # odd (2**32 / the golden ratio): rank r's seed is r of them past train.seed's
 
 
 def random_states(ctx: Context) -> list[dict]:

@@ -4,16 +4,18 @@ encoder-decoder (token-budget batches, sharded by rows) and the LM (random block
 import contextlib
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
-from lib import checkpoint
+from lib import checkpoint, distributed
 from tests.conftest import ROOT, run_stage, run_tree
 
 
@@ -122,21 +124,26 @@ def test_two_processes_train_the_same_model_as_one(runs):
 def test_two_machines_meeting_at_a_rendezvous_train_the_same_model_as_one(runs):
     """The README's two-machine command, both "machines" here: two launchers of the same command, one process
     each, that find each other at a c10d rendezvous endpoint (which numbers them as they arrive: rank 0 may be
-    either) and write to one (shared) directory."""
+    either). Each runs in a directory of its own, which its relative output paths lead into, as on machines
+    that share no file system: what rank 0 writes is what one process writes, and rank 1 writes nothing."""
     single, ddp, _ = runs
     root = ddp.parent
-    out = root / "two-machines"
+    machines = [root / "machine-a", root / "machine-b"]
 
     def launch():
+        for machine in machines:
+            shutil.rmtree(machine, ignore_errors=True)
+            machine.mkdir()
         with socket.socket() as s:  # a port free now, for the rendezvous store that the first node to arrive opens
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         nodes = [subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
              "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "test",
-             *stage_command(root, root / "params.yaml", out)],
-            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV, start_new_session=True)
-            for _ in range(2)]
+             *stage_command(root, root / "params.yaml", Path("out"))],
+            cwd=machine, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            env={**ENV, "PYTHONPATH": str(ROOT)}, start_new_session=True)
+            for machine in machines]
         try:
             logs = [node.communicate(timeout=300)[1] for node in nodes]
         finally:
@@ -147,8 +154,10 @@ def test_two_machines_meeting_at_a_rendezvous_train_the_same_model_as_one(runs):
 
     codes, logs = launched(launch)
     assert codes == [0, 0], "\n".join(f"launcher {i}: ...{log[-2500:]}" for i, log in enumerate(logs))
-    assert_same_model(single / "model.pt", out / "model.pt")
-    assert written(out) == written(single)  # one writer, on whichever machine holds rank 0
+    writers = [machine for machine in machines if written(machine)]
+    assert len(writers) == 1, [written(machine) for machine in machines]  # rank 0's machine, whichever it is
+    assert written(writers[0] / "out") == written(single)
+    assert_same_model(single / "model.pt", writers[0] / "out" / "model.pt")
     assert sum(log.count("stopped: trained 1 epoch (train.epochs)") for log in logs) == 1
     # The train and valid pairs skipped: said on each machine, by its one process, so each machine's log has it.
     assert [log.count("WARNING lib.") for log in logs] == [2, 2]
@@ -168,7 +177,12 @@ def test_raising_epochs_resumes_under_torchrun(runs):
         paths[epochs].write_text(yaml.safe_dump(params))
     first = train(root, paths[1], "ddp-dropout", 2)
     states = checkpoint.load(first / "ckpt" / "last.pt")["rng"]
-    assert len(states) == 2 and not torch.equal(states[0]["cpu"], states[1]["cpu"])
+    draws = []
+    for state in states:  # what each state draws: a state holds its seed too, so two of one stream differ
+        with torch.random.fork_rng(devices=[]):
+            torch.set_rng_state(state["cpu"])
+            draws.append(torch.rand(8))
+    assert len(states) == 2 and not torch.equal(*draws)
     log = []
     resumed = checkpoint.load(train(root, paths[2], "ddp-dropout", 2, log=log) / "ckpt" / "last.pt")
     assert log[0].count("resuming from") == 1 and "at step" in log[0]  # said once: rank 0 speaks for all
@@ -292,3 +306,17 @@ def test_two_processes_train_the_same_lm_as_one(lm_runs):
     assert checkpoint.load(lm_runs[1] / "model.pt")["step"] == 30
     assert_same_model(lm_runs[0] / "model.pt", lm_runs[1] / "model.pt")
     assert written(lm_runs[1]) == written(lm_runs[0])  # rank 0 alone writes
+
+
+def test_each_process_draws_dropout_masks_of_its_own_and_rank_0_those_of_one_process():
+    """Every process seeds torch alike to build the same model; dropout then draws from a stream of its own
+    (an LM's slices of a batch are alike in shape, and one stream would drop the same units in each)."""
+    def draws(rank: int, world: int) -> torch.Tensor:
+        torch.manual_seed(7)
+        distributed.seed_own_stream(7, distributed.Context(rank, world, torch.device("cpu")))
+        return torch.rand(16)
+
+    with torch.random.fork_rng(devices=[]):
+        alone, ranks = draws(0, 1), [draws(rank, 3) for rank in range(3)]
+    assert torch.equal(ranks[0], alone)
+    assert not any(torch.equal(ranks[i], ranks[j]) for i, j in [(0, 1), (0, 2), (1, 2)])
