@@ -1,6 +1,7 @@
 """The decoder-only LM task: split, blocks, weight decay groups, sampling, and its stages."""
 
 import json
+import math
 import shutil
 import sys
 from pathlib import Path
@@ -258,6 +259,26 @@ def test_lm_stages_write_metrics_samples_and_report(lm_built):
     assert "source and target" not in text
 
 
+class Uniform(torch.nn.Module):
+    """A language model that gives each of its V tokens the same probability: ln V nats a token."""
+
+    def __init__(self, V: int):
+        super().__init__()
+        self.V, self.anchor = V, torch.nn.Parameter(torch.zeros(()))  # a parameter: the device to read on
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.anchor.expand(*ids.shape, self.V)  # (B, T, V)
+
+
+def test_bits_per_character_spreads_each_tokens_bits_over_its_characters():
+    """With BPE (tokenize.kind: bpe) a token holds several characters: 8 equally likely tokens are 3 bits a
+    token, and at 4 characters a token, 0.75 bits a character."""
+    ids = torch.randint(8, (50,), generator=torch.Generator().manual_seed(0))
+    scores = evaluation.text_metrics(Uniform(8), ids, n_chars=200, block_size=16)
+    assert scores["loss"] == pytest.approx(math.log(8)) and scores["perplexity"] == pytest.approx(8.0)
+    assert scores["bits_per_char"] == pytest.approx(0.75) and scores["tokens"] == 50
+
+
 def test_prompts_and_passage_that_the_model_cannot_take_are_named(lm_built, tmp_path):
     """An empty prompt, a heatmap passage longer than the training blocks, or an <eos> for sources an LM does
     not have: named before anything is written."""
@@ -353,8 +374,6 @@ def test_generate_continues_a_prompt(tmp_path, lm_built, capsys):
 def test_generate_scores_a_text_over_every_token_after_the_first(tmp_path, lm_built, capsys):
     """--score FILE for the LM: the loss over the whole text, blocks of the training length and the tail
     shorter, each read from its own start; bits per character; the attention of the text; clear refusals."""
-    import math
-
     import torch.nn.functional as F
 
     from lib import checkpoint, generate

@@ -27,7 +27,7 @@ import yaml
 from lib import checkpoint, evaluation, reporting, tokenizer, training
 from lib.cli import DIRECTORY, FILE, INPUTS
 from lib.config import ConfigError, stage_config
-from lib.data import collate, read_split, read_text
+from lib.data import collate, read_split, read_text, token_budget_batches
 from lib.masks import padding_mask, target_mask
 from lib.model import build_model, parameter_counts
 from lib.optim import smoothed_loss_floor
@@ -385,6 +385,42 @@ def test_raising_epochs_resumes_to_the_same_model(tmp_path, built, tiny_params):
     assert len(mfu) == summary["step"] // 2 and (mfu > 0).all() and (mfu < 1).all()  # the second epoch's steps
 
 
+@pytest.mark.parametrize("averaged_loss, model_loss", [(9.0, 2.0), (1.0, 1.0)])
+def test_model_pt_is_the_best_epoch_or_a_better_average(tmp_path, built, tiny_params, monkeypatch, caplog,
+                                                         averaged_loss, model_loss):
+    """Validation losses 3, 2, 2.5, 2.6 (scripted): patience 2 stops training after the fourth epoch, and
+    model.pt is the second's weights, unless the average of the last two validates better still."""
+    losses = iter([3.0, 2.0, 2.5, 2.6, averaged_loss])
+    monkeypatch.setattr(training, "mean_loss", lambda *args: next(losses))
+    tiny_params["cumsum"]["train"].update(epochs=10, patience=2, average_last=2)
+    paths = (built["data"], built["tokenizer"], tmp_path / "model.pt", tmp_path / "ckpt", tmp_path / "live")
+    with caplog.at_level("INFO", logger="lib.training"):
+        summary = training.run("cumsum", stage_config(tiny_params, "cumsum", "train"), *paths)
+    assert "stopped: no better validation loss for 2 epochs (train.patience)" in caplog.text
+    assert next(losses, None) is None and summary["best_valid_loss"] == 2.0
+    model, best = checkpoint.load(tmp_path / "model.pt"), checkpoint.load(tmp_path / "ckpt" / "best.pt")
+    assert model["valid_loss"] == model_loss and best["valid_loss"] == 2.0 and best["step"] < summary["step"]
+    assert model.get("averaged_epochs") == (2 if averaged_loss < 2.0 else None)
+
+
+def test_every_epoch_shuffles_the_batches_anew(tmp_path, built, tiny_params, monkeypatch):
+    """Epoch e's batches come from train.seed and e: the same pairs each epoch, grouped and ordered anew."""
+    drawn = []
+
+    def recorded(pairs, max_tokens, generator=None):
+        batches = token_budget_batches(pairs, max_tokens, generator)
+        if generator is not None:  # training's (validation takes its batches in a fixed order)
+            drawn.append(batches)
+        return batches
+
+    monkeypatch.setattr(training, "token_budget_batches", recorded)
+    tiny_params["cumsum"]["train"]["epochs"] = 2
+    paths = (built["data"], built["tokenizer"], tmp_path / "model.pt", tmp_path / "ckpt", tmp_path / "live")
+    training.run("cumsum", stage_config(tiny_params, "cumsum", "train"), *paths)
+    first, second = drawn
+    assert first != second and sorted(sum(first, [])) == sorted(sum(second, [])) == list(range(len(sum(first, []))))
+
+
 def test_accumulating_two_batches_is_one_step_on_both(tmp_path, built, tiny_params, monkeypatch):
     """train.accumulate: 2 over the epoch's batches b1, b2, b3, ... takes the steps that single batches
     b1 + b2, b3 + b4, ... take: the same weights, losses and gradient norms (dropout off: its masks
@@ -641,6 +677,26 @@ def test_corrupt_artifact_is_named(tmp_path, name, load, message):
         load(bad)
 
 
+class MakesADirectory:
+    """What a pickle can hold besides tensors and plain data: a call, made as the file is read."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __reduce__(self):
+        return os.mkdir, (str(self.path),)
+
+
+def test_a_checkpoint_that_would_run_code_as_it_is_read_is_refused_and_not_run(tmp_path):
+    """A model file pulled from a DVC remote, or handed over, is data, not a program: torch.load's full
+    unpickling makes whatever call the file names; checkpoint.load reads tensors and plain data only."""
+    ran = tmp_path / "ran"
+    torch.save({"model": {}, "extra": MakesADirectory(ran)}, tmp_path / "model.pt")
+    with pytest.raises(ValueError, match=r"model.pt: not a readable checkpoint .*UnpicklingError"):
+        checkpoint.load(tmp_path / "model.pt")
+    assert not ran.exists()
+
+
 def test_model_and_tokenizer_from_different_runs_are_named(tmp_path, built, tiny_params):
     """evaluate, report and lib.generate load both through one helper, which compares the vocabularies."""
     tiny_params["cumsum"]["tokenize"]["kind"] = "char"  # another vocabulary from the same data
@@ -826,14 +882,25 @@ def test_same_params_same_metrics(tmp_path, built):
     assert (tmp_path / "tok" / "tokenizer.json").read_bytes() == (built["tokenizer"] / "tokenizer.json").read_bytes()
 
 
-def test_changed_param_is_named_when_starting_afresh(tmp_path, built, tiny_params, caplog):
-    paths = (built["data"], built["tokenizer"], tmp_path / "model.pt", tmp_path / "ckpt", tmp_path / "live")
+@pytest.mark.parametrize("change, reason", [
+    ("param", "train.model.d_ff changed (32 -> 48)"),
+    ("data", "the data, the tokenizer or the code changed"),
+])
+def test_a_changed_param_or_input_is_named_when_starting_afresh(tmp_path, built, tiny_params, caplog, change, reason):
+    """A checkpoint resumes only the run that wrote it: with other params, data, tokens or code (the train
+    stage's deps in dvc.yaml), its weights and Adam's moments are no start, and the log says what changed."""
+    data = tmp_path / "data"
+    shutil.copytree(built["data"], data)
+    paths = (data, built["tokenizer"], tmp_path / "model.pt", tmp_path / "ckpt", tmp_path / "live")
     tiny_params["cumsum"]["train"]["epochs"] = 1
     training.run("cumsum", stage_config(tiny_params, "cumsum", "train"), *paths)
-    tiny_params["cumsum"]["train"]["model"]["d_ff"] = 48
+    if change == "param":
+        tiny_params["cumsum"]["train"]["model"]["d_ff"] = 48
+    else:  # one training pair fewer
+        pd.read_parquet(data / "train.parquet").iloc[1:].to_parquet(data / "train.parquet", index=False)
     with caplog.at_level("INFO", logger="lib.training"):
-        training.run("cumsum", stage_config(tiny_params, "cumsum", "train"), *paths)
-    assert "train.model.d_ff changed (32 -> 48); starting afresh" in caplog.text
+        summary = training.run("cumsum", stage_config(tiny_params, "cumsum", "train"), *paths)
+    assert not summary["resumed"] and f"{reason}; starting afresh" in caplog.text
 
 
 def test_drawn_attention_is_what_the_model_computes(built):
