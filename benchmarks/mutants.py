@@ -1,14 +1,16 @@
 """How strong are the tests? Plant one bug at a time in a copy of the tree and see whether a test fails.
 
 Each mutation below is a mistake a first Transformer makes (a missing 1/sqrt(D),
-a mask flipped, the target not shifted, a bias dropped, ...), written as one
-exact replacement in one file. For each, the tree (without .git, .venv and the
-pipeline's outputs) is copied to a scratch directory, the replacement made, and
-the tests that should catch it run with ``pytest -x``: "killed" when one fails,
+a mask flipped, the target not shifted, a bias dropped, ...), or its pipeline
+(a write not atomic, a resume without the optimizer's state, model.pt not the
+best epoch's, ...), written as one exact replacement in one file. For each, the
+tree (without .git, .venv and the pipeline's outputs) is copied to a scratch
+directory, the replacement made, and the tests that should catch it run with
+``pytest -x``: "killed" when one fails,
 "survived" when all pass (then no test can tell the mistake from the real
 thing: write one). "stale" means the source line has changed since the mutation
 was written: update the mutation. Prints a JSON line per mutation, then a summary.
-Run from the repository root (most take 2-15 s; the training ones about a minute):
+Run from the repository root (most take 2-15 s; the training and pipeline ones 0.5-3 minutes; all, 46):
     PYTHONPATH=. python benchmarks/mutants.py [--only SUBSTRING ...] [--workdir /tmp/mutants]
 """
 
@@ -28,8 +30,14 @@ NUMERIC = ["tests/test_attention.py", "tests/test_model.py", "tests/test_decodin
            "tests/test_data.py"]
 TRAINING = ["tests/test_optim.py", "tests/test_distributed.py", "tests/test_lm.py", "tests/test_stages.py",
             "tests/test_multi30k.py"]
+# The tests of what the stages promise a user: outputs whole or not at all, resuming as if never stopped,
+# bad input named, the scores as documented (the quick files first: pytest -x stops at the first failure).
+PIPELINE = ["tests/test_config.py", "tests/test_multi30k.py", "tests/test_lm.py", "tests/test_stages.py",
+            "tests/test_distributed.py", "tests/test_pipeline.py"]
 
-# (what, file, the exact text, what it becomes, tests)
+# (what, file, the exact text, what it becomes, tests). Left out, as they change no result: a fresh run not
+# deleting the last run's curves (dvclive's resume=False does), and the LM's processes each taking the whole
+# batch (the same model at twice the work: DDP averages equal gradients).
 MUTATIONS = [
     ("attention without 1/sqrt(D)", "lib/attention.py",
      "q3, k3.transpose(1, 2), alpha=D**-0.5)", "q3, k3.transpose(1, 2), alpha=1.0)", NUMERIC),
@@ -114,6 +122,61 @@ MUTATIONS = [
     ("rank 0 taking every row of a global batch", "lib/distributed.py",
      "    mine = rows[ctx.rank::ctx.world]\n", "    mine = rows[ctx.rank::ctx.world] if ctx.rank else rows\n",
      TRAINING),
+    # --- what the stages promise ---
+    ("a failed write leaving its temporary file", "lib/checkpoint.py",
+     "        if os.path.exists(tmp):\n            os.remove(tmp)\n", "        pass\n", PIPELINE),
+    ("a checkpoint written in place (a crash leaves half of it)", "lib/checkpoint.py",
+     "with atomic_path(path) as tmp, open(tmp, \"wb\") as file:", "with open(path, \"wb\") as file:", PIPELINE),
+    ("a directory's previous version not put back after a failure", "lib/checkpoint.py",
+     "    finally:\n        _put_back(previous, path)\n", "    finally:\n        pass\n", PIPELINE),
+    ("outputs checked only when written, after the work", "lib/cli.py",
+     "            check_writable(getattr(args, name), kind == DIRECTORY, f\"--{name}\")\n", "            pass\n",
+     PIPELINE),
+    ("checkpoints unpickled whole (weights_only off)", "lib/checkpoint.py",
+     "weights_only=True)", "weights_only=False)", PIPELINE),
+    ("a model and a tokenizer from different runs let through", "lib/checkpoint.py",
+     "if theirs != (state[\"src_vocab_size\"], state[\"tgt_vocab_size\"]):", "if False:", PIPELINE),
+    ("d_model not divisible by n_heads let through", "lib/config.py",
+     "self.d_model % self.n_heads == 0,", "True,", PIPELINE),
+    ("resuming without the optimizer's state", "lib/training.py",
+     "        self.optimizer.load_state_dict(saved[\"optimizer\"])\n", "", PIPELINE),
+    ("resuming without dropout's random state", "lib/training.py",
+     "        distributed.restore_random_state(saved[\"rng\"], self.ctx)\n", "", PIPELINE),
+    ("resuming mid-epoch from the epoch's first batch", "lib/training.py",
+     "todo = batches[state[\"batches_done\"]:]", "todo = batches", PIPELINE),
+    ("resuming across a changed param", "lib/training.py", "if old.get(key) != value:", "if False:", PIPELINE),
+    ("resuming across changed data or code", "lib/training.py",
+     "if saved.get(\"inputs\") != self.identity[\"inputs\"]:", "if False:", PIPELINE),
+    ("model.pt the last epoch's, not the best", "lib/training.py",
+     "if valid_loss < self.state[\"best_valid_loss\"]:", "if True:", PIPELINE),
+    ("an average kept though it validates worse", "lib/training.py",
+     "if valid_loss >= run.state[\"best_valid_loss\"]:\n        return None", "if False:\n        return None",
+     PIPELINE),
+    ("a diverged loss stepping on", "lib/training.py", "if not math.isfinite(loss):", "if False:", PIPELINE),
+    ("patience waiting one epoch more", "lib/training.py",
+     "state[\"epochs_since_best\"] >= cfg.patience", "state[\"epochs_since_best\"] > cfg.patience", PIPELINE),
+    ("every epoch's batches in the same order", "lib/training.py",
+     "manual_seed(cfg.seed * 1_000_003 + epoch)", "manual_seed(cfg.seed * 1_000_003)", PIPELINE),
+    ("DDP's average not undone (the update a world's times too small)", "lib/training.py",
+     "(weight * run.ctx.world)).backward()", "weight).backward()", PIPELINE),
+    ("every process writing the models", "lib/training.py",
+     "if self.ctx.is_main:\n            checkpoint.save_model(", "if True:\n            checkpoint.save_model(",
+     PIPELINE),
+    ("the ranks' dropout seeds 2**32 apart (one stream: the CPU's generator reads 32 bits)", "lib/distributed.py",
+     "torch.manual_seed((seed + ctx.rank * RANK_SEED_STEP) % 2**32)", "torch.manual_seed(seed + (ctx.rank << 32))",
+     PIPELINE),
+    ("BLEU on lowercased text", "lib/tasks/multi30k.py",
+     "bleu = sacrebleu.metrics.BLEU()", "bleu = sacrebleu.metrics.BLEU(lowercase=True)", PIPELINE),
+    ("Multi30k read without NFC", "lib/tasks/multi30k.py",
+     "text = unicodedata.normalize(\"NFC\", line).strip()", "text = line.strip()", PIPELINE),
+    ("a search error counted where the model prefers its output", "lib/evaluation.py",
+     "r.score > f.score + 1e-4", "r.score < f.score + 1e-4", PIPELINE),
+    ("the worst samples taken from the best", "lib/evaluation.py",
+     "rank(method=\"first\").lt(", "rank(method=\"first\", ascending=False).lt(", PIPELINE),
+    ("an LM's validation loss without the tail block", "lib/evaluation.py",
+     "if targets % block_size:", "if False:", PIPELINE),
+    ("bits per character counted per token", "lib/evaluation.py",
+     "/ (n_chars / len(ids))}", "}", PIPELINE),
 ]
 
 
