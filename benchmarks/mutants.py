@@ -10,7 +10,7 @@ directory, the replacement made, and the tests that should catch it run with
 "survived" when all pass (then no test can tell the mistake from the real
 thing: write one). "stale" means the source line has changed since the mutation
 was written: update the mutation. Prints a JSON line per mutation, then a summary.
-Run from the repository root (most take 2-15 s; the training and pipeline ones 0.5-3 minutes; all, 46):
+Run from the repository root (most take 2-15 s; the training and pipeline ones 0.5-3 minutes; all 65, 46 minutes):
     PYTHONPATH=. python benchmarks/mutants.py [--only SUBSTRING ...] [--workdir /tmp/mutants]
 """
 
