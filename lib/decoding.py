@@ -47,7 +47,7 @@ def length_penalty(length: torch.Tensor | int, alpha: float):
 def check_eval_mode(model):
     """Refuse a model left in training mode with dropout on: every step of a search or score would then be drawn
     from a randomly thinned model, a different output each call and a worse one, and nothing would say so."""
-    if model.training and any(isinstance(m, (Dropout, torch.nn.Dropout)) and m.p > 0 for m in model.modules()):
+    if model.training and any(isinstance(m, Dropout) and m.p > 0 for m in model.modules()):
         raise ValueError("the model is in training mode, so its dropout would thin it at every step: call "
                          "model.eval() before searching, sampling or scoring (and model.train() to train on)")
 

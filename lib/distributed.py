@@ -73,6 +73,9 @@ def local_device(device: torch.device) -> torch.device:
     return device
 
 
+RANK_SEED_STEP = 0x9E3779B9  # odd (2**32 / the golden ratio): rank r's seed is r of them past train.seed's
+
+
 def seed_own_stream(seed: int, ctx: Context):
     """Give each process dropout masks of its own.
 
@@ -90,8 +93,6 @@ def seed_own_stream(seed: int, ctx: Context):
     if ctx.rank > 0:
         torch.manual_seed((seed + ctx.rank * RANK_SEED_STEP) % 2**32)
 
-
-RANK_SEED_STEP = 0x9E3779B9  # odd (2**32 / the golden ratio): rank r's seed is r of them past train.seed's
 
 
 def random_states(ctx: Context) -> list[dict]:

@@ -60,6 +60,13 @@ def built(tmp_path_factory):
     return p
 
 
+def train_into(out: Path, params: dict, built: dict, data: Path | None = None) -> dict:
+    """The train stage on ``built``'s data (or ``data``) and tokenizer, with ``params``; outputs model.pt, ckpt
+    and live in ``out``. Returns training.run's summary."""
+    return training.run("cumsum", stage_config(params, "cumsum", "train"), data or built["data"], built["tokenizer"],
+                        out / "model.pt", out / "ckpt", out / "live")
+
+
 def test_written_files_have_the_usual_mode(built):
     """Atomic writes go through a private temporary file; what lands must not stay private (0600)."""
     fresh = built["data"].parent / "fresh"
@@ -372,11 +379,10 @@ def test_raising_epochs_resumes_to_the_same_model(tmp_path, built, tiny_params):
     """Train 1 epoch, raise epochs to 2 and re-run: equal to 2 epochs straight. Params that only
     observe the run (the MFU's peak, how often it is saved) may change on the way."""
     train = tiny_params["cumsum"]["train"]
-    paths = lambda d: (built["data"], built["tokenizer"], d / "model.pt", d / "ckpt", d / "live")  # noqa: E731
     train["epochs"] = 1
-    training.run("cumsum", stage_config(tiny_params, "cumsum", "train"), *paths(tmp_path))
+    train_into(tmp_path, tiny_params, built)
     train.update(epochs=2, peak_tflops="measure", checkpoint_every=train["checkpoint_every"] + 1)
-    summary = training.run("cumsum", stage_config(tiny_params, "cumsum", "train"), *paths(tmp_path))
+    summary = train_into(tmp_path, tiny_params, built)
     assert summary["resumed"]
     resumed = checkpoint.load(tmp_path / "ckpt" / "last.pt")["model"]
     straight = checkpoint.load(built["checkpoints"] / "last.pt")["model"]
@@ -393,9 +399,8 @@ def test_model_pt_is_the_best_epoch_or_a_better_average(tmp_path, built, tiny_pa
     losses = iter([3.0, 2.0, 2.5, 2.6, averaged_loss])
     monkeypatch.setattr(training, "mean_loss", lambda *args: next(losses))
     tiny_params["cumsum"]["train"].update(epochs=10, patience=2, average_last=2)
-    paths = (built["data"], built["tokenizer"], tmp_path / "model.pt", tmp_path / "ckpt", tmp_path / "live")
     with caplog.at_level("INFO", logger="lib.training"):
-        summary = training.run("cumsum", stage_config(tiny_params, "cumsum", "train"), *paths)
+        summary = train_into(tmp_path, tiny_params, built)
     assert "stopped: no better validation loss for 2 epochs (train.patience)" in caplog.text
     assert next(losses, None) is None and summary["best_valid_loss"] == 2.0
     model, best = checkpoint.load(tmp_path / "model.pt"), checkpoint.load(tmp_path / "ckpt" / "best.pt")
@@ -415,8 +420,7 @@ def test_every_epoch_shuffles_the_batches_anew(tmp_path, built, tiny_params, mon
 
     monkeypatch.setattr(training, "token_budget_batches", recorded)
     tiny_params["cumsum"]["train"]["epochs"] = 2
-    paths = (built["data"], built["tokenizer"], tmp_path / "model.pt", tmp_path / "ckpt", tmp_path / "live")
-    training.run("cumsum", stage_config(tiny_params, "cumsum", "train"), *paths)
+    train_into(tmp_path, tiny_params, built)
     first, second = drawn
     assert first != second and sorted(sum(first, [])) == sorted(sum(second, [])) == list(range(len(sum(first, []))))
 
@@ -428,9 +432,8 @@ def test_accumulating_two_batches_is_one_step_on_both(tmp_path, built, tiny_para
     make_batches = training.token_budget_batches
     train = tiny_params["cumsum"]["train"]
     train["model"]["dropout"] = 0.0
-    paths = lambda d: (built["data"], built["tokenizer"], d / "model.pt", d / "ckpt", d / "live")  # noqa: E731
     train["accumulate"] = 2
-    summary = training.run("cumsum", stage_config(tiny_params, "cumsum", "train"), *paths(tmp_path / "accumulated"))
+    summary = train_into(tmp_path / "accumulated", tiny_params, built)
 
     def pairs_joined(*args):
         batches = make_batches(*args)
@@ -438,7 +441,7 @@ def test_accumulating_two_batches_is_one_step_on_both(tmp_path, built, tiny_para
 
     monkeypatch.setattr(training, "token_budget_batches", pairs_joined)
     train["accumulate"] = 1
-    joined = training.run("cumsum", stage_config(tiny_params, "cumsum", "train"), *paths(tmp_path / "joined"))
+    joined = train_into(tmp_path / "joined", tiny_params, built)
     # Half the steps of the built run's single batches (the same epochs), rounded up each epoch.
     assert summary["step"] == joined["step"] < built["summary"]["step"] <= 2 * summary["step"]
     weights = [checkpoint.load(tmp_path / d / "ckpt" / "last.pt")["model"] for d in ("accumulated", "joined")]
@@ -464,14 +467,13 @@ def test_compiled_training_trains_the_same_model(tmp_path, built, tiny_params, m
     train = tiny_params["cumsum"]["train"]
     train["epochs"] = 1
     train["model"]["dropout"] = 0.0
-    paths = lambda d: (built["data"], built["tokenizer"], d / "model.pt", d / "ckpt", d / "live")  # noqa: E731
-    training.run("cumsum", stage_config(tiny_params, "cumsum", "train"), *paths(tmp_path / "eager"))
+    train_into(tmp_path / "eager", tiny_params, built)
     train["compile"] = True
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
     torch._dynamo.reset()
     counters.clear()
     with torch.fx.experimental._config.patch(use_duck_shape=True):  # the default, which compile_model turns off
-        training.run("cumsum", stage_config(tiny_params, "cumsum", "train"), *paths(tmp_path / "compiled"))
+        train_into(tmp_path / "compiled", tiny_params, built)
     assert counters["stats"]["unique_graphs"] >= 1 and not counters["graph_break"]
     eager, compiled = (checkpoint.load(tmp_path / d / "ckpt" / "last.pt")["model"] for d in ("eager", "compiled"))
     for name, weight in eager.items():
@@ -484,11 +486,10 @@ def test_compiled_training_trains_the_same_model(tmp_path, built, tiny_params, m
 
 
 def test_changed_params_start_afresh(tmp_path, built, tiny_params):
-    paths = (built["data"], built["tokenizer"], tmp_path / "model.pt", tmp_path / "ckpt", tmp_path / "live")
     tiny_params["cumsum"]["train"]["epochs"] = 1
-    training.run("cumsum", stage_config(tiny_params, "cumsum", "train"), *paths)
+    train_into(tmp_path, tiny_params, built)
     tiny_params["cumsum"]["train"]["lr_factor"] = 0.5
-    summary = training.run("cumsum", stage_config(tiny_params, "cumsum", "train"), *paths)
+    summary = train_into(tmp_path, tiny_params, built)
     assert not summary["resumed"]
 
 
@@ -507,8 +508,7 @@ def test_killed_training_resumes_bit_identical(tmp_path, built, tiny_params):
                 "--model", str(out / "model.pt"), "--checkpoints", str(out / "ckpt"), "--live", str(out / "live")]
 
     straight, killed = tmp_path / "straight", tmp_path / "killed"
-    training.run("cumsum", stage_config(tiny_params, "cumsum", "train"), built["data"], built["tokenizer"],
-                 straight / "model.pt", straight / "ckpt", straight / "live")
+    train_into(straight, tiny_params, built)
     process = subprocess.Popen(command(killed), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     while not (killed / "ckpt" / "last.pt").exists() and time.monotonic() < deadline:
@@ -853,8 +853,7 @@ def test_unreadable_last_checkpoint_says_how_to_start_afresh(tmp_path, built, ti
     (tmp_path / "ckpt" / "last.pt").write_bytes(b"\x00garbage{" * 20)
     message = r"last\.pt: not a readable checkpoint .*; delete .*ckpt to train from the start"
     with pytest.raises(ValueError, match=message):
-        training.run("cumsum", stage_config(tiny_params, "cumsum", "train"), built["data"], built["tokenizer"],
-                     tmp_path / "model.pt", tmp_path / "ckpt", tmp_path / "live")
+        train_into(tmp_path, tiny_params, built)
     assert (tmp_path / "ckpt" / "last.pt").read_bytes() == b"\x00garbage{" * 20
     assert not (tmp_path / "model.pt").exists()
 
@@ -891,15 +890,14 @@ def test_a_changed_param_or_input_is_named_when_starting_afresh(tmp_path, built,
     stage's deps in dvc.yaml), its weights and Adam's moments are no start, and the log says what changed."""
     data = tmp_path / "data"
     shutil.copytree(built["data"], data)
-    paths = (data, built["tokenizer"], tmp_path / "model.pt", tmp_path / "ckpt", tmp_path / "live")
     tiny_params["cumsum"]["train"]["epochs"] = 1
-    training.run("cumsum", stage_config(tiny_params, "cumsum", "train"), *paths)
+    train_into(tmp_path, tiny_params, built, data)
     if change == "param":
         tiny_params["cumsum"]["train"]["model"]["d_ff"] = 48
     else:  # one training pair fewer
         pd.read_parquet(data / "train.parquet").iloc[1:].to_parquet(data / "train.parquet", index=False)
     with caplog.at_level("INFO", logger="lib.training"):
-        summary = training.run("cumsum", stage_config(tiny_params, "cumsum", "train"), *paths)
+        summary = train_into(tmp_path, tiny_params, built, data)
     assert not summary["resumed"] and f"{reason}; starting afresh" in caplog.text
 
 
@@ -929,22 +927,20 @@ def test_drawn_attention_is_what_the_model_computes(built):
 
 def test_max_len_below_the_data_fails_before_touching_outputs(tmp_path, built, tiny_params):
     """A bad param on a re-run names the key and leaves the earlier run's checkpoints alone."""
-    paths = (built["data"], built["tokenizer"], tmp_path / "model.pt", tmp_path / "ckpt", tmp_path / "live")
     tiny_params["cumsum"]["train"]["epochs"] = 1
-    training.run("cumsum", stage_config(tiny_params, "cumsum", "train"), *paths)
+    train_into(tmp_path, tiny_params, built)
     before = (tmp_path / "ckpt" / "last.pt").read_bytes()
     tiny_params["cumsum"]["train"]["model"]["max_len"] = 4
     with pytest.raises(ConfigError, match=r"train\.model\.max_len: 4 is shorter than the longest train sequence"):
-        training.run("cumsum", stage_config(tiny_params, "cumsum", "train"), *paths)
+        train_into(tmp_path, tiny_params, built)
     assert (tmp_path / "ckpt" / "last.pt").read_bytes() == before
 
 
 def test_too_long_pairs_are_skipped_with_a_count_when_asked(tmp_path, built, tiny_params, caplog):
-    paths = (built["data"], built["tokenizer"], tmp_path / "model.pt", tmp_path / "ckpt", tmp_path / "live")
     tiny_params["cumsum"]["train"].update(epochs=1, too_long="skip")
     tiny_params["cumsum"]["train"]["model"]["max_len"] = 5  # 5-digit sequences need 6 with eos
     with caplog.at_level("WARNING", logger="lib.training"):
-        training.run("cumsum", stage_config(tiny_params, "cumsum", "train"), *paths)
+        train_into(tmp_path, tiny_params, built)
     five = (pd.read_parquet(built["data"] / "train.parquet")["src"].str.split().str.len() == 5).sum()
     assert f"train: skipped {five} of 400 pairs longer than train.model.max_len 5" in caplog.text and five > 0
     assert (tmp_path / "model.pt").is_file()
@@ -962,7 +958,6 @@ def test_a_budget_below_the_widest_pairs_is_named_with_their_count(tmp_path, bui
         raise Checked
 
     monkeypatch.setattr(training, "check_budget", check_then_stop)
-    paths = (built["data"], built["tokenizer"], tmp_path / "model.pt", tmp_path / "ckpt", tmp_path / "live")
     # n digits to n sums: n + 1 tokens on the target side (bos or eos), over the budget for n = 5, the longest
     wide = (pd.read_parquet(built["data"] / "train.parquet")["src"].str.split().str.len() == 5).sum()
     assert wide > 0
@@ -972,7 +967,7 @@ def test_a_budget_below_the_widest_pairs_is_named_with_their_count(tmp_path, bui
         tiny_params["cumsum"]["train"]["max_tokens"] = max_tokens
         caplog.clear()
         with caplog.at_level("WARNING", logger="lib.training"), pytest.raises(Checked):
-            training.run("cumsum", stage_config(tiny_params, "cumsum", "train"), *paths)
+            train_into(tmp_path, tiny_params, built)
         assert warning in caplog.text and ("max_tokens" in caplog.text) == bool(warning)
 
 
