@@ -10,7 +10,8 @@ directory, the replacement made, and the tests that should catch it run with
 "survived" when all pass (then no test can tell the mistake from the real
 thing: write one). "stale" means the source line has changed since the mutation
 was written: update the mutation. Prints a JSON line per mutation, then a summary.
-Run from the repository root (most take 2-15 s; the training and pipeline ones 0.5-3 minutes; all 65, 46 minutes):
+Run from the repository root (most take 2-15 s; the training, pipeline and user ones 0.5-3 minutes; the first 65,
+46 minutes, the user family's 28, 27 minutes):
     PYTHONPATH=. python benchmarks/mutants.py [--only SUBSTRING ...] [--workdir /tmp/mutants]
 """
 
@@ -34,6 +35,10 @@ TRAINING = ["tests/test_optim.py", "tests/test_distributed.py", "tests/test_lm.p
 # bad input named, the scores as documented (the quick files first: pytest -x stops at the first failure).
 PIPELINE = ["tests/test_config.py", "tests/test_multi30k.py", "tests/test_lm.py", "tests/test_stages.py",
             "tests/test_distributed.py", "tests/test_pipeline.py"]
+# The tests of what a user reads and runs: the data and vocabulary made, the searches and samples, the scores,
+# lib.inference and lib.generate, the report.
+USER = ["tests/test_data.py", "tests/test_decoding.py", "tests/test_model.py", "tests/test_multi30k.py",
+        "tests/test_lm.py", "tests/test_stages.py", "tests/test_pipeline.py"]
 
 # (what, file, the exact text, what it becomes, tests). Left out, as they change no result: a fresh run not
 # deleting the last run's curves (dvclive's resume=False does), and the LM's processes each taking the whole
@@ -177,6 +182,62 @@ MUTATIONS = [
      "if targets % block_size:", "if False:", PIPELINE),
     ("bits per character counted per token", "lib/evaluation.py",
      "/ (n_chars / len(ids))}", "}", PIPELINE),
+    ("cumsum's training sequences not kept out of valid and test", "lib/tasks/cumsum.py",
+     "if digits not in held_out:", "if True:", USER),
+    ("cumsum's length study drawing training sequences", "lib/tasks/cumsum.py",
+     "if digits not in train:", "if True:", USER),
+    ("cumsum's modulus ignored", "lib/tasks/cumsum.py",
+     "out.append(total % modulus if modulus else total)", "out.append(total)", USER),
+    ("cumsum's vocabulary without the sums training never reaches", "lib/tasks/cumsum.py",
+     "train[\"tgt\"].tolist() + [alphabet]", "train[\"tgt\"].tolist()", USER),
+    ("token accuracy over the output's tokens, not the reference's", "lib/tasks/cumsum.py",
+     "total += len(r_tokens)", "total += len(h_tokens)", USER),
+    ("exact_up_to_length stopped by lengths shorter than any trained", "lib/tasks/cumsum.py",
+     "if length < shortest:\n            continue", "if False:\n            continue", USER),
+    ("the LM validated on its training text", "lib/tasks/shakespeare.py",
+     "write_text(text[cut:], encoding", "write_text(text[:cut], encoding", USER),
+    ("the source's <eos> not added (tokenize.source_eos ignored)", "lib/tokenizer.py",
+     "    if cfg.source_eos:\n        eos", "    if False:\n        eos", USER),
+    ("adjacent unknown characters named one by one", "lib/tokenizer.py",
+     "if spans and spans[-1][1] == start:", "if False:", USER),
+    ("a stream's pieces decoded without the text before them", "lib/tokenizer.py",
+     "start = max(0, given - context)", "start = given", USER),
+    ("the searches ignoring the sources' padding", "lib/decoding.py",
+     "src_mask = padding_mask(src, ids.pad)  # (B, 1, 1, S)", "src_mask = padding_mask(src, -1)  # (B, 1, 1, S)",
+     USER),
+    ("beam search starting every beam alike", "lib/decoding.py",
+     "log_prob[:, 1:] = float(\"-inf\")", "log_prob[:, 1:] = 0.0", USER),
+    ("beam search's cache not following the surviving beams", "lib/decoding.py",
+     "        decoder.reorder(rows)\n", "", USER),
+    ("outputs not capped at the model's max_len", "lib/decoding.py",
+     "max_new_tokens.clamp(max=model.cfg.max_len - 1)", "max_new_tokens", USER),
+    ("an output's eos kept among its tokens", "lib/decoding.py",
+     "if token in (ids.eos, ids.pad):", "if token == ids.pad:", USER),
+    ("a given output's eos left out of its score", "lib/decoding.py",
+     "log_probs[row, :len(outputs[i]) + eos[i]]", "log_probs[row, :len(outputs[i])]", USER),
+    ("sampling without the temperature", "lib/decoding.py",
+     "logits.float() / temperature", "logits.float()", USER),
+    ("sampling past the block reading the text's first block", "lib/decoding.py",
+     "logits = model(ids[:, -block_size:])[0, -1]", "logits = model(ids[:, :block_size])[0, -1]", USER),
+    ("input not NFC-normalised as the data was", "lib/inference.py",
+     "unicodedata.normalize(\"NFC\", line).strip()", "line.strip()", USER),
+    ("a source of exactly max_len tokens refused", "lib/inference.py",
+     "if len(encoding.ids) > model.cfg.max_len:", "if len(encoding.ids) >= model.cfg.max_len:", USER),
+    ("least_likely naming the likeliest token", "lib/inference.py",
+     "j = min(range(len(h.token_log_probs))", "j = max(range(len(h.token_log_probs))", USER),
+    ("an output's token count without its eos", "lib/inference.py",
+     "len(h.tokens) + h.eos, h.eos,", "len(h.tokens), h.eos,", USER),
+    ("beam search's errors judged without its length penalty", "lib/evaluation.py",
+     "[r.with_alpha(alpha) for r in scored_references]", "scored_references", USER),
+    ("one sample too many marked first", "lib/evaluation.py",
+     "first=test.index < cfg.n_samples", "first=test.index <= cfg.n_samples", USER),
+    ("FLOPs counted without cross attention", "lib/metrics.py", "    if src_lengths:  # cross", "    if False:  # cross",
+     USER),
+    ("FLOPs of the forward pass alone", "lib/metrics.py", "return 3 * 2 * macs", "return 2 * macs", USER),
+    ("a stalled run's caption at half ln V", "lib/reporting.py",
+     "if end < 0.9 * uniform:", "if end < 0.5 * uniform:", USER),
+    ("BLEU by length putting a sentence in the next group", "lib/tasks/multi30k.py",
+     "if words <= high:", "if words < high:", USER),
 ]
 
 

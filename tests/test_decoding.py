@@ -180,6 +180,35 @@ def test_sampling_is_seeded_and_cache_free_sampling_matches():
     assert len(runs[0]) == 32 and runs[0][:2] == [5, 6]
 
 
+def test_sampling_past_the_block_reads_the_last_block_size_tokens():
+    """Once the text outgrows the model's block, each token is drawn from what the last block_size tokens
+    predict (nanoGPT's crop), here recomputed step by step from the same seeded generator."""
+    torch.manual_seed(0)
+    model = TransformerLM(model_config(max_len=8), V).eval()
+    drawn = sample(model, [5, 6], 20, 1.0, 0, torch.Generator().manual_seed(3), block_size=8, use_cache=False)
+    generator, expected = torch.Generator().manual_seed(3), [5, 6]
+    with torch.no_grad():
+        for _ in range(20):
+            logits = model(torch.tensor([expected[-8:]]))[0, -1]  # (V,)
+            expected.append(torch.multinomial(torch.softmax(logits, -1), 1, generator=generator).item())
+    assert drawn == expected
+
+
+def test_no_output_outgrows_the_models_max_len():
+    """The decoder reads bos and all but the last token of an output, so an output holds at most max_len - 1
+    tokens (eos included): a longer limit (a long source's length + max_extra_tokens) is cut there, and the
+    output is marked as cut (no eos). The eos is made unreachable, so that only the cap stops a search."""
+    torch.manual_seed(0)
+    model = Transformer(model_config(max_len=10, tie_embeddings=True), V, V, joint_vocab=True).eval()
+    with torch.no_grad():
+        model.generator.bias[IDS.eos] = -1e4
+    src, limit = sources(B=4, S=9), torch.full((4,), 30)
+    found = greedy_search(model, src, IDS, limit) + greedy_search(model, src, IDS, limit, use_cache=False)
+    found += [h for hypotheses in beam_search(model, src, IDS, limit, beam_size=3, n_best=3) for h in hypotheses]
+    assert len(found) == 4 + 4 + 4 * 3
+    assert all(len(h.tokens) == 9 and not h.eos for h in found)
+
+
 def test_a_model_left_in_training_mode_with_dropout_is_refused_by_every_search_and_score():
     """Forgetting model.eval() after training: each step would be drawn from a randomly thinned model."""
     src = sources(B=3)

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import unicodedata
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -19,6 +20,7 @@ import yaml
 from lib import checkpoint, evaluation, reporting, tokenizer, training
 from lib.config import ConfigError, ReportConfig, stage_config
 from lib.data import read_split
+from lib.inference import Translator
 from lib.tasks import multi30k, run_prepare
 from tests.conftest import ROOT
 
@@ -209,6 +211,16 @@ def test_trains_evaluates_and_ties_embeddings(tmp_path, corpus, joint):
                              reports / "metrics.json", reports / "samples.jsonl")
     assert {"bleu", "chrf", "bleu_signature", "seconds"} <= set(metrics["greedy"]) <= set(metrics["beam3"])
     assert metrics["valid_perplexity"] > 1.0
+    # Whose fault the wrong outputs are, recomputed through lib.inference: each search is judged as it ranks,
+    # greedy search by probability (alpha 0), beam search by its length-penalised score.
+    translator = Translator(*checkpoint.load_trained(paths[2], paths[1])[:2])
+    test = read_split(paths[0], "test")
+    sources, references = test["src"].tolist(), test["tgt"].tolist()
+    for search, beam_size, alpha in (("greedy", 1, 0.0), ("beam3", 3, metrics["beam3"]["alpha"])):
+        found = [outputs[0] for outputs in translator.n_best(sources, 1, beam_size, alpha, max_extra_tokens=5)]
+        missed = [f.text != r.text and r.score > f.score + 1e-4
+                  for f, r in zip(found, translator.score(sources, references, alpha))]
+        assert metrics[search]["search_errors"] == pytest.approx(sum(missed) / len(sources)), search
     reporting.run("multi30k", ReportConfig(n_attention_examples=2), paths[0], paths[1], paths[2],
                   reports / "metrics.json", reports / "samples.jsonl", paths[4], reports / "report.md",
                   reports / "figures")
@@ -527,6 +539,37 @@ def test_generate_interrupted_is_one_line_and_writes_nothing(tmp_path, trained, 
     assert exit_info.value.code == 130
     assert capsys.readouterr().err == "generate: interrupted; --output was not written\n"
     assert [p.name for p in files.iterdir()] == ["in.txt"]
+
+
+def sentence_of(translator, n_tokens: int) -> str:
+    """A German sentence that the translator reads as exactly ``n_tokens`` ids (its source <eos> included)."""
+    from lib.tokenizer import encode_sources
+
+    for words in range(1, n_tokens + 1):
+        for end in ("", " ein"):  # "Hund" is read as two tokens here, "ein" as one
+            text = " ".join(["Hund"] * words) + end
+            if len(encode_sources(translator.tokenizers, [text])[0].ids) == n_tokens:
+                return text
+    raise AssertionError(f"no sentence of {n_tokens} tokens")
+
+
+def test_a_translator_reads_input_as_the_data_was_prepared_up_to_its_max_len(trained):
+    """A decomposed letter (a + combining diaeresis, as some editors write it) is read as the composed one the
+    corpus was normalised to, not as <unk>; a source of exactly max_len tokens is translated, one token more is
+    left without output, with a warning."""
+    from lib.inference import load
+
+    translator = load(trained)
+    decomposed = unicodedata.normalize("NFD", GERMAN[0])
+    assert decomposed != GERMAN[0]
+    longest, too_long = sentence_of(translator, 64), sentence_of(translator, 65)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no <unk>, nothing too long
+        assert translator.translate(decomposed, beam_size=3) == translator.translate(GERMAN[0], beam_size=3)
+        assert translator.score(decomposed, ENGLISH[0]) == translator.score(GERMAN[0], ENGLISH[0])
+        assert len(translator.n_best(longest, k=1)) == 1
+    with pytest.warns(UserWarning, match=r"sentences\[0\]: 65 tokens, more than the model's max_len 64"):
+        assert translator.n_best(too_long, k=1) == []
 
 
 def test_a_translator_loaded_from_python_gives_what_the_command_line_writes(tmp_path, trained, capsys):

@@ -203,6 +203,7 @@ def test_a_loss_that_did_not_fall_is_told_with_what_the_learning_rate_says():
 
     noam = [3.5e-3 * min(i / 400, (400 / i) ** 0.5) for i in steps]  # the default's warmup and decay
     assert caption(0.9, noam) == ""  # fell: nothing to say
+    assert caption(4.4, noam) == ""  # 19% below ln V: it learnt something, slowly (the validation caption says)
     low = caption(5.1, [rate / 1000 for rate in noam])
     assert low.startswith("The training loss ended at 5.1")
     assert "within 10% of the 5.40 of a model that has learnt nothing" in low
