@@ -144,9 +144,9 @@ grep -a -o -E '(INFO|WARNING) .*' "$WORK/train.log" | cut -c1-200
 
 "$PYTHON" - "$WORK" "$tests" "$PEAK_TFLOPS" "$MAX_TOKENS" "$compiled" <<'PY' | tee "$WORK/summary.json"
 import json, sys
+from importlib.metadata import version  # torch's, without the 3 s of importing it
 from pathlib import Path
 import pandas as pd
-import torch
 work, tests, peak, max_tokens = Path(sys.argv[1]), sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
 compiled = {"1": True, "0": False}.get(sys.argv[5], sys.argv[5])  # or "failed" (then trained eager)
 read = lambda name: pd.read_csv(work / f"live/plots/metrics/{name}.tsv", sep="\t").iloc[:, -1]  # noqa: E731
@@ -154,7 +154,7 @@ tokens, mfu, valid = read("train/tokens_per_s"), read("train/mfu"), read("valid/
 skip = min(20, len(tokens) // 5)  # warm-up steps
 benches = [json.loads(line) for line in (work / "throughput.jsonl").read_text().splitlines()]
 print(json.dumps({
-    "benchmark": "gpu_check", "device": benches[0]["device"], "torch": torch.__version__, "cuda_tests": tests,
+    "benchmark": "gpu_check", "device": benches[0]["device"], "torch": version("torch"), "cuda_tests": tests,
     "peak_tflops": peak,
     "train": {"max_tokens": max_tokens, "compile": compiled,
               "tokens_per_s_median": round(tokens[skip:].median()),

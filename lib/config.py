@@ -343,6 +343,16 @@ LR_PARAM = {"seq2seq": "train.lr_factor", "lm": "train.lr"}
 LENGTH_PARAM = {"seq2seq": "train.epochs", "lm": "train.max_iters"}
 
 
+def utf8_text(raw: bytes, name: str | Path, first_line: int = 1) -> str:
+    """``raw`` decoded as UTF-8; bytes that are not are named by line (``raw`` starting at line
+    ``first_line`` of ``name``), and by byte within that line."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line, line_start = raw.count(b"\n", 0, err.start) + first_line, raw.rfind(b"\n", 0, err.start) + 1
+        raise ValueError(f"{name}: line {line}: not UTF-8 (byte {err.start - line_start})") from None
+
+
 def parse_yaml(text: str, source: str):
     """``text`` read as DVC reads params.yaml and ``-S`` values: YAML 1.2 (ruamel), where PyYAML's YAML 1.1
     read ``3e-4`` and ``0o10`` as text, ``1:30`` as 90, ``yes``/``off`` as booleans and ``010`` as 8, and
@@ -367,8 +377,6 @@ def parse_yaml(text: str, source: str):
 
 
 def load_params(path: str | Path = "params.yaml") -> dict:
-    from lib.data import utf8_text  # data imports torch: here, not at the top
-
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: " + ("a directory, where the params file is read" if path.is_dir() else

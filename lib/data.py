@@ -18,16 +18,6 @@ if TYPE_CHECKING:
 SPLITS = ("train", "valid", "test")
 
 
-def utf8_text(raw: bytes, name: str | Path, first_line: int = 1) -> str:
-    """``raw`` decoded as UTF-8; bytes that are not are named by line (``raw`` starting at line
-    ``first_line`` of ``name``), and by byte within that line."""
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line, line_start = raw.count(b"\n", 0, err.start) + first_line, raw.rfind(b"\n", 0, err.start) + 1
-        raise ValueError(f"{name}: line {line}: not UTF-8 (byte {err.start - line_start})") from None
-
-
 def split_path(data_dir: str | Path, split: str) -> Path:
     return Path(data_dir) / f"{split}.parquet"
 

@@ -94,7 +94,6 @@ def seed_own_stream(seed: int, ctx: Context):
         torch.manual_seed((seed + ctx.rank * RANK_SEED_STEP) % 2**32)
 
 
-
 def random_states(ctx: Context) -> list[dict]:
     """Every process's default generators' states, by rank, for a checkpoint: what dropout draws next."""
     mine = {"cpu": torch.get_rng_state()}

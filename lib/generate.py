@@ -37,7 +37,8 @@ from tqdm import tqdm
 
 from lib import checkpoint
 from lib.checkpoint import atomic_path
-from lib.data import Pairs, collate, utf8_text
+from lib.config import utf8_text
+from lib.data import Pairs, collate
 from lib.distributed import device_named
 from lib.inference import LanguageModel, Written, lm_ids, out_of_range, outputs_of, score_lines, translate_lines
 from lib.tasks import get_task

@@ -1,5 +1,6 @@
 """params.yaml validation: a bad key fails before any work, naming the key."""
 
+import json
 import subprocess
 import sys
 
@@ -135,6 +136,16 @@ def test_params_file_that_is_not_yaml_is_named_by_line(tmp_path):
     assert f"prepare@cumsum: error: {params}: not valid YAML at line 2" in result.stderr
     assert "Traceback" not in result.stderr
     assert list(tmp_path.iterdir()) == [params]
+
+
+def test_reading_params_imports_neither_torch_nor_pandas():
+    """A tool that only reads or edits params.yaml, as gpu_check.sh does twice, reads it as the stages do
+    without the 3 s that importing torch takes."""
+    code = ("import json, sys; "
+            "from lib.config import load_params; load_params('params.yaml'); print(json.dumps([*sys.modules]))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert {"torch", "pandas"} & set(json.loads(result.stdout)) == set()
 
 
 @pytest.mark.parametrize("written, read", [

@@ -16,8 +16,8 @@ from pathlib import Path
 import pandas as pd
 import sacrebleu
 
-from lib.config import ConfigError, require
-from lib.data import read_split, split_path, utf8_text
+from lib.config import ConfigError, require, utf8_text
+from lib.data import read_split, split_path
 
 KIND = "seq2seq"
 HEADLINE = ("greedy.bleu", "beam*.bleu", "greedy.chrf", "valid_perplexity")  # reports/index.md
