@@ -272,6 +272,11 @@ def main():
     chosen = [m for m in MUTATIONS if not args.only or any(s in m[0] for s in args.only)]
     if not chosen:
         parser.error(f"--only {' '.join(args.only)}: no mutation's description holds it")
+    if args.workdir:  # made if missing, as the usage line's /tmp/mutants is on a fresh machine
+        try:
+            Path(args.workdir).mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            parser.error(f"--workdir {args.workdir}: {err.strerror}")
     results = []
     with tempfile.TemporaryDirectory(dir=args.workdir) as scratch:
         for mutation in chosen:
