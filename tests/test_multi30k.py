@@ -20,7 +20,7 @@ import yaml
 from lib import checkpoint, evaluation, reporting, tokenizer, training
 from lib.config import ConfigError, ReportConfig, stage_config
 from lib.data import read_split
-from lib.inference import Translator
+from lib.inference import Output, Translator, load
 from lib.tasks import multi30k, run_prepare
 from tests.conftest import ROOT
 
@@ -557,8 +557,6 @@ def test_a_translator_reads_input_as_the_data_was_prepared_up_to_its_max_len(tra
     """A decomposed letter (a + combining diaeresis, as some editors write it) is read as the composed one the
     corpus was normalised to, not as <unk>; a source of exactly max_len tokens is translated, one token more is
     left without output, with a warning."""
-    from lib.inference import load
-
     translator = load(trained)
     decomposed = unicodedata.normalize("NFD", GERMAN[0])
     assert decomposed != GERMAN[0]
@@ -576,7 +574,6 @@ def test_a_translator_loaded_from_python_gives_what_the_command_line_writes(tmp_
     """lib.inference: one sentence in, one out; a list in, a list out, warnings naming the sentence at fault
     by its index; n-best lists and scores as the command line's table gives them; the attention itself."""
     from lib import generate
-    from lib.inference import Output, Translator, load
     from lib.tokenizer import encode_sources
 
     translator = load(trained)
