@@ -90,8 +90,9 @@ PY
   still=$(missing_requirements)
   [ -z "$still" ] || { echo "gpu_check: still missing after the install: $still" >&2; exit 1; }
 fi
-"$PYTHON" -c "import torch; print('torch', torch.__version__,
-                torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA device')"
+torch_info=$("$PYTHON" -c "import torch; print(torch.__version__,
+                           torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA device')")
+echo "torch $torch_info"
 
 tests=passed
 "$PYTHON" -m pytest -q -m cuda tests/ || tests=failed
@@ -142,9 +143,10 @@ if ! train; then
 fi
 grep -a -o -E '(INFO|WARNING) .*' "$WORK/train.log" | cut -c1-200
 
-"$PYTHON" - "$WORK" "$tests" "$PEAK_TFLOPS" "$MAX_TOKENS" "$compiled" <<'PY' | tee "$WORK/summary.json"
+# torch's version as printed above: this python spares torch's 3 s import.
+"$PYTHON" - "$WORK" "$tests" "$PEAK_TFLOPS" "$MAX_TOKENS" "$compiled" "${torch_info%% *}" <<'PY' \
+  | tee "$WORK/summary.json"
 import json, sys
-from importlib.metadata import version  # torch's, without the 3 s of importing it
 from pathlib import Path
 import pandas as pd
 work, tests, peak, max_tokens = Path(sys.argv[1]), sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
@@ -154,7 +156,7 @@ tokens, mfu, valid = read("train/tokens_per_s"), read("train/mfu"), read("valid/
 skip = min(20, len(tokens) // 5)  # warm-up steps
 benches = [json.loads(line) for line in (work / "throughput.jsonl").read_text().splitlines()]
 print(json.dumps({
-    "benchmark": "gpu_check", "device": benches[0]["device"], "torch": version("torch"), "cuda_tests": tests,
+    "benchmark": "gpu_check", "device": benches[0]["device"], "torch": sys.argv[6], "cuda_tests": tests,
     "peak_tflops": peak,
     "train": {"max_tokens": max_tokens, "compile": compiled,
               "tokens_per_s_median": round(tokens[skip:].median()),

@@ -5,6 +5,8 @@ import json
 import os
 import sys
 
+import torch
+
 from tests.conftest import ROOT, run_tree
 from tests.test_multi30k import write_corpus
 
@@ -58,7 +60,7 @@ def test_gpu_check_runs_every_step_and_summarises(tmp_path):
     assert "installing" not in result.stdout  # this environment lacks nothing
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary == json.loads((work / "summary.json").read_text())
-    assert summary["cuda_tests"] == "passed" and summary["device"] == "cpu"
+    assert summary["cuda_tests"] == "passed" and summary["device"] == "cpu" and summary["torch"] == torch.__version__
     train, throughput = summary["train"], summary["throughput"]
     assert train["epochs"] >= 1 and train["steps"] >= 1 and train["tokens_per_s_median"] > 0
     assert 0 < train["mfu_median"] and 0 < train["best_valid_loss"] < 20
