@@ -249,13 +249,20 @@ def copy_tree(dest: Path):
                                                               "__pycache__", ".pytest_cache"))
 
 
+def mutated(text: str, old: str, new: str) -> str | None:
+    """``text`` with the mistake planted, or None where the mutation is stale: ``old`` is not in ``text`` exactly
+    once, or ``new`` plants nothing."""
+    return text.replace(old, new) if text.count(old) == 1 and new != old else None
+
+
 def run(what: str, path: str, old: str, new: str, tests: list[str], tree: Path) -> dict:
     copy_tree(tree)
     source = tree / path
     text = source.read_text(encoding="utf-8")
-    if text.count(old) != 1:
+    mutant = mutated(text, old, new)
+    if mutant is None:
         return {"mutation": what, "file": path, "result": "stale", "found": text.count(old)}
-    source.write_text(text.replace(old, new), encoding="utf-8")
+    source.write_text(mutant, encoding="utf-8")
     start = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests], cwd=tree,
                           capture_output=True, text=True)
