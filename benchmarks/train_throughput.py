@@ -12,6 +12,7 @@ Run from the repository root with the venv active:
     PYTHONPATH=. python benchmarks/train_throughput.py [--precision fp32|bf16] [--rounds 4] [--steps 10]
         [--device cpu|cuda] [--compile] [--data DIR --tokenizer DIR] [--max-tokens 2048 [4096 ...]]
 Prints one JSON object (a line) per --max-tokens; tokens are the non-pad source plus target tokens.
+"warmup_round_s" is the untimed first round's seconds: with --compile, mostly the compiling.
 MFU: the model's matmul FLOPs per second (lib.metrics.training_flops, on the
 real lengths) over this machine's measured matmul peak in the same precision
 (square products of 1024 and 2048 on a CPU, 4096 and 8192 on a GPU, in the
@@ -168,6 +169,8 @@ def measure(args: argparse.Namespace, cfg: ModelConfig, batches: list[Batch], id
             peaks.append(peak)
             for name, s in round_seconds.items():
                 rounds[name].append(s)
+        else:
+            warmup = round_seconds
     seconds = {name: sum(values) for name, values in rounds.items()}
     rate = {name: tokens * args.rounds / s for name, s in seconds.items()}
     return {
@@ -176,6 +179,7 @@ def measure(args: argparse.Namespace, cfg: ModelConfig, batches: list[Batch], id
         "ms_per_step": {name: round(s / (args.rounds * len(batches)) * 1000, 1) for name, s in seconds.items()},
         "ratio_ours_over_torch": round(rate["ours"] / rate["torch_nn_transformer"], 3),
         "round_s": {name: [round(s, 2) for s in values] for name, values in rounds.items()},
+        "warmup_round_s": {name: round(s, 2) for name, s in warmup.items()},  # with --compile, mostly compiling
         "matmul_peak_gflops": [round(p / 1e9, 1) for p in peaks],
         "mfu": {name: round(flops / min(values) / max(peaks), 3) for name, values in rounds.items()},
         "mfu_paired": {name: round(statistics.median(values), 3) for name, values in paired.items()},

@@ -1,3 +1,4 @@
+import contextlib
 import copy
 import importlib
 import os
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.fx.experimental._config
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -42,6 +44,14 @@ def run_stage(stage: str, argv: list[str]) -> int:
     finally:
         signal.signal(signal.SIGTERM, sigterm)
     return 0
+
+
+@contextlib.contextmanager
+def torch_compile_defaults():
+    """A block after which the process-wide switches that lib.training.compile_model sets (duck sizing, floats
+    as constants) are back at torch's defaults, for the tests that follow."""
+    with torch.fx.experimental._config.patch(use_duck_shape=True), torch._dynamo.config.patch(specialize_float=False):
+        yield
 
 
 # A pipeline small enough to run every stage in seconds on 2 cores.

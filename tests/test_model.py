@@ -4,7 +4,6 @@ import functools
 
 import pytest
 import torch
-import torch.fx.experimental._config
 from torch import nn
 
 from lib.masks import causal_mask, padding_mask, target_mask
@@ -12,7 +11,7 @@ from lib.model import (DecoderLayer, EncoderLayer, FeedForward, RMSNorm, Sinusoi
                        TransformerLM, build_model, parameter_counts, repeats_input)
 from lib.optim import label_smoothed_nll
 from lib.tokenizer import SpecialIds
-from tests.conftest import model_config
+from tests.conftest import model_config, torch_compile_defaults
 from tests.test_attention import PAD, copy_mha, tokens_with_padding
 
 
@@ -469,7 +468,7 @@ def test_a_compiled_seq2seq_serves_every_batch_shape_with_one_graph(monkeypatch)
     counter = CompileCounter()  # counts the graphs dynamo captures, compiles none
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend=counter))
     torch._dynamo.reset()
-    with torch.fx.experimental._config.patch(use_duck_shape=True), torch.no_grad():  # the default, restored after
+    with torch_compile_defaults(), torch.no_grad():
         model = compile_model(Transformer(model_config(dropout=0.1), V, V, joint_vocab=True).train(), "seq2seq")
         for B, S, T in [(3, 5, 5), (3, 7, 9), (4, 6, 2)]:
             src, tgt = torch.randint(4, V, (B, S)), torch.randint(4, V, (B, T))
