@@ -52,7 +52,13 @@ def read_input(path: str) -> str:
 
 
 def read_lines(path: str) -> list[str]:
-    return read_input(path).splitlines()
+    """The file's lines as the prepare stage and a terminal read them: ended by "\\n" or "\\r\\n" only.
+    str.splitlines also breaks at a form feed, U+2028 or U+0085 within a line, which gave more output
+    lines than input lines."""
+    lines = read_input(path).split("\n")
+    if lines[-1] == "":
+        lines.pop()  # what followed the last line's newline
+    return [line.rstrip("\r") for line in lines]
 
 
 def write_text(path: str, text: str):
