@@ -345,12 +345,23 @@ LENGTH_PARAM = {"seq2seq": "train.epochs", "lm": "train.max_iters"}
 
 def utf8_text(raw: bytes, name: str | Path, first_line: int = 1) -> str:
     """``raw`` decoded as UTF-8; bytes that are not are named by line (``raw`` starting at line
-    ``first_line`` of ``name``), and by byte within that line."""
+    ``first_line`` of ``name``), and by byte within that line. The byte-order mark some editors start a
+    file with (Notepad's "UTF-8 with BOM") is dropped: kept, it would be read as part of the first word."""
     try:
-        return raw.decode("utf-8")
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
         line, line_start = raw.count(b"\n", 0, err.start) + first_line, raw.rfind(b"\n", 0, err.start) + 1
         raise ValueError(f"{name}: line {line}: not UTF-8 (byte {err.start - line_start})") from None
+    return text.removeprefix("\ufeff") if first_line == 1 else text
+
+
+def utf8_lines(raw: bytes, name: str | Path) -> list[str]:
+    """``raw``'s lines (utf8_text), each ended by "\\n" or "\\r\\n" and by nothing else: str.splitlines also
+    breaks at a form feed, U+2028 or U+0085 within a line."""
+    lines = utf8_text(raw, name).split("\n")
+    if lines[-1] == "":
+        lines.pop()  # what follows the last line's newline
+    return [line.removesuffix("\r") for line in lines]
 
 
 def parse_yaml(text: str, source: str):

@@ -37,7 +37,7 @@ from tqdm import tqdm
 
 from lib import checkpoint
 from lib.checkpoint import atomic_path
-from lib.config import utf8_text
+from lib.config import utf8_lines, utf8_text
 from lib.data import Pairs, collate
 from lib.distributed import device_named
 from lib.inference import LanguageModel, Written, lm_ids, out_of_range, outputs_of, score_lines, translate_lines
@@ -45,20 +45,20 @@ from lib.tasks import get_task
 from lib.tokenizer import continuation, special_ids
 
 
+def input_bytes(path: str) -> tuple[bytes, str]:
+    """A file's (or stdin's, for "-") bytes, and its name for messages."""
+    return (sys.stdin.buffer.read(), "stdin") if path == "-" else (Path(path).read_bytes(), path)
+
+
 def read_input(path: str) -> str:
     """A UTF-8 file (or stdin) as text; bytes that are not UTF-8 are named by line."""
-    raw = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
-    return utf8_text(raw, "stdin" if path == "-" else path)
+    return utf8_text(*input_bytes(path))
 
 
 def read_lines(path: str) -> list[str]:
-    """The file's lines as the prepare stage and a terminal read them: ended by "\\n" or "\\r\\n" only.
-    str.splitlines also breaks at a form feed, U+2028 or U+0085 within a line, which gave more output
-    lines than input lines."""
-    lines = read_input(path).split("\n")
-    if lines[-1] == "":
-        lines.pop()  # what followed the last line's newline
-    return [line.rstrip("\r") for line in lines]
+    """The lines of read_input's text as the prepare stage reads a data file's and a terminal's lines come:
+    ended by "\\n" or "\\r\\n" only (lib.config.utf8_lines)."""
+    return utf8_lines(*input_bytes(path))
 
 
 def write_text(path: str, text: str):

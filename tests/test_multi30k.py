@@ -74,13 +74,17 @@ def corpus(tmp_path):
 
 def test_local_loader_reads_every_split_nfc_and_stripped(tmp_path, corpus):
     decomposed = unicodedata.normalize("NFD", "  Ein Mädchen läuft.  ")  # a + combining diaeresis
-    write_corpus(corpus, {"val.de": [decomposed] + GERMAN[1:]})
+    # Saved by a Windows editor: a byte-order mark, "\r\n"; a form feed within a line (where str.splitlines breaks)
+    english = [ENGLISH[0], ENGLISH[1].replace(" ", "\x0c", 1)] + ENGLISH[2:]
+    write_corpus(corpus, {"val.de": [decomposed] + GERMAN[1:],
+                          "val.en": "\ufeff".encode() + "".join(line + "\r\n" for line in english).encode()})
     run_prepare("multi30k", cfg(tiny_params(corpus), "prepare"), tmp_path / "data")
     splits = {s: pd.read_parquet(tmp_path / "data" / f"{s}.parquet") for s in ("train", "valid", "test")}
     assert [len(f) for f in splits.values()] == [60, 6, 6]
     assert list(splits["train"].columns) == ["src", "tgt"]
     assert splits["train"]["src"][1] == GERMAN[1] and splits["train"]["tgt"][1] == ENGLISH[1]
     assert splits["valid"]["src"][0] == "Ein Mädchen läuft." == unicodedata.normalize("NFC", "Ein Mädchen läuft.")
+    assert splits["valid"]["tgt"].tolist() == english
 
 
 def test_two_params_turn_it_into_english_to_german(tmp_path, corpus):

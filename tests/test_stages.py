@@ -1117,19 +1117,21 @@ def test_generate_translates_each_line_typed_at_a_terminal_as_it_is_entered(buil
 def test_a_file_has_a_line_for_each_newline(built, tmp_path, capsys, monkeypatch):
     """An --input file's lines end at "\\n" or "\\r\\n", as the prepare stage and a terminal read them: a form
     feed, U+2028 or U+0085 within a line (where str.splitlines breaks too) stays in it, and each line has
-    one output line, the one the same line typed at a terminal gets."""
+    one output line, the one the same line typed at a terminal gets. A byte-order mark starting the file
+    (Notepad's "UTF-8 with BOM") is not read as part of the first number."""
     from lib import generate
 
     typed = ["3 4\x0c5", "1 2\u20282", "6\x857", "9 9"]
-    (tmp_path / "in.txt").write_bytes("\r\n".join(typed).encode() + b"\r\n")
+    (tmp_path / "in.txt").write_bytes("\ufeff".encode() + "\r\n".join(typed).encode() + b"\r\n")
     run = ["--task", "cumsum", "--models", str(built["model"].parent), "--input"]
     generate.main(run + [str(tmp_path / "in.txt"), "--output", str(tmp_path / "file.txt")])
+    read_from_file = capsys.readouterr().err.splitlines()
     monkeypatch.setattr(sys, "stdin", Terminal([line.encode() + b"\n" for line in typed], lambda: None))
     generate.main(run + ["-", "--output", str(tmp_path / "typed.txt")])
-    capsys.readouterr()
     outputs = (tmp_path / "file.txt").read_text(encoding="utf-8")
     assert len(outputs.split("\n")) == len(typed) + 1 and outputs.endswith("\n")
     assert outputs == (tmp_path / "typed.txt").read_text(encoding="utf-8")
+    assert read_from_file == capsys.readouterr().err.splitlines()[1:]  # the same <unk>s named, none for the mark
 
 
 def test_ctrl_c_at_the_terminal_keeps_what_was_shown(built, capsys, monkeypatch):

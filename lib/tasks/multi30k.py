@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 import sacrebleu
 
-from lib.config import ConfigError, require, utf8_text
+from lib.config import ConfigError, require, utf8_lines
 from lib.data import read_split, split_path
 
 KIND = "seq2seq"
@@ -51,9 +51,7 @@ def read_lines(path: Path) -> list[str]:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: missing (multi30k.prepare.source must hold the raw task-1 files)")
     raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-    lines = utf8_text(raw, path).split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
+    lines = utf8_lines(raw, path)
     if not lines:
         raise ValueError(f"{path}: empty file")
     out = []

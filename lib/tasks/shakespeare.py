@@ -10,7 +10,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from lib.config import ConfigError, require
+from lib.config import ConfigError, require, utf8_text
 from lib.data import read_text, text_path
 
 KIND = "lm"
@@ -40,9 +40,9 @@ def load_source(source: str) -> str:
     else:
         raw = Path(source).read_bytes()
     try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise ConfigError(f"shakespeare.prepare.source: {source}: not UTF-8 text at byte {err.start}") from None
+        return utf8_text(raw, source)
+    except ValueError as err:  # not UTF-8, named by line
+        raise ConfigError(f"shakespeare.prepare.source: {err}") from None
 
 
 def prepare(cfg: PrepareConfig, out_dir: Path):
