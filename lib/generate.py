@@ -62,11 +62,18 @@ def read_lines(path: str) -> list[str]:
 
 
 def write_text(path: str, text: str):
+    """Write ``text`` to ``path`` (``-``: stdout), whole. A file is replaced at once (``atomic_path``), and
+    through a symlink the file it names, so the link stays; a path that is there but is no file (a device
+    such as /dev/null, a named pipe, /dev/stdout at a terminal or pipe) is written into, as the shell's
+    ``>`` does: replacing it would put a file where the device or pipe was."""
     if path == "-":
         sys.stdout.write(text)
         sys.stdout.flush()
+    elif os.path.exists(path) and not os.path.isfile(path):  # both follow links, /proc's /dev/stdout too
+        with checkpoint.naming(Path(path)), open(path, "w", encoding="utf-8") as stream:
+            stream.write(text)
     else:
-        with atomic_path(path) as tmp:
+        with atomic_path(os.path.realpath(path)) as tmp:
             tmp.write_text(text, encoding="utf-8")
 
 

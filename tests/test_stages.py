@@ -1134,6 +1134,43 @@ def test_a_file_has_a_line_for_each_newline(built, tmp_path, capsys, monkeypatch
     assert read_from_file == capsys.readouterr().err.splitlines()[1:]  # the same <unk>s named, none for the mark
 
 
+def test_an_output_that_is_a_device_a_pipe_or_a_symlink_stays_one(built, tmp_path, capsys):
+    """--output a device (/dev/null), a named pipe or a symlink is written as the shell's ``>`` writes it:
+    the pipe gets the lines, the link's file is replaced and the link stays. Replacing such a path with a
+    file, as a plain file is replaced, put a file where a root user's /dev/null was; a full device is one
+    line naming the --output given, and exit status 2."""
+    import threading
+
+    from lib import generate
+
+    (tmp_path / "in.txt").write_text("3 4 5\n9 9\n", encoding="utf-8")
+    run = ["--task", "cumsum", "--models", str(built["model"].parent), "--input", str(tmp_path / "in.txt"), "--output"]
+    generate.main(run + [str(tmp_path / "plain.txt")])
+    expected = (tmp_path / "plain.txt").read_text(encoding="utf-8")
+    assert expected.count("\n") == 2
+
+    (tmp_path / "file.txt").write_text("earlier\n")
+    for name, target in (("link.txt", "file.txt"), ("null", "/dev/null"), ("full", "/dev/full")):
+        (tmp_path / name).symlink_to(target)
+    generate.main(run + [str(tmp_path / "link.txt")])
+    generate.main(run + [str(tmp_path / "null")])
+    assert (tmp_path / "file.txt").read_text(encoding="utf-8") == expected
+    with pytest.raises(SystemExit) as exit_info:
+        generate.main(run + [str(tmp_path / "full")])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == f"generate: error: [Errno 28] No space left on device: '{tmp_path / 'full'}'\n"
+    assert all((tmp_path / name).is_symlink() for name in ("link.txt", "null", "full"))
+
+    os.mkfifo(tmp_path / "pipe")
+    read = []
+    reader = threading.Thread(target=lambda: read.append((tmp_path / "pipe").read_text(encoding="utf-8")),
+                              daemon=True)  # left blocked, not waited for, if nothing opens the pipe to write
+    reader.start()
+    generate.main(run + [str(tmp_path / "pipe")])
+    reader.join(timeout=30)
+    assert read == [expected] and (tmp_path / "pipe").is_fifo()
+
+
 def test_ctrl_c_at_the_terminal_keeps_what_was_shown(built, capsys, monkeypatch):
     """Ctrl-C while lines are typed: exit 130 and one line; the outputs shown so far stay, so the message
     does not claim that --output was not written."""
