@@ -36,7 +36,6 @@ import torch
 from tqdm import tqdm
 
 from lib import checkpoint
-from lib.checkpoint import atomic_path
 from lib.config import utf8_lines, utf8_text
 from lib.data import Pairs, collate
 from lib.distributed import device_named
@@ -62,7 +61,7 @@ def read_lines(path: str) -> list[str]:
 
 
 def write_text(path: str, text: str):
-    """Write ``text`` to ``path`` (``-``: stdout), whole. A file is replaced at once (``atomic_path``), and
+    """Write ``text`` to ``path`` (``-``: stdout), whole. A file is replaced at once (``checkpoint.atomic_path``), and
     through a symlink the file it names, so the link stays; a path that is there but is no file (a device
     such as /dev/null, a named pipe, /dev/stdout at a terminal or pipe) is written into, as the shell's
     ``>`` does: replacing it would put a file where the device or pipe was."""
@@ -73,7 +72,7 @@ def write_text(path: str, text: str):
         with checkpoint.naming(Path(path)), open(path, "w", encoding="utf-8") as stream:
             stream.write(text)
     else:
-        with atomic_path(os.path.realpath(path)) as tmp:
+        with checkpoint.atomic_path(os.path.realpath(path)) as tmp:
             tmp.write_text(text, encoding="utf-8")
 
 
