@@ -16,12 +16,14 @@ Each method takes one text (and returns one result) or a list of them (and retur
 as the data was prepared (NFC, stripped). What the model can read only in part (words or characters its
 vocabulary lacks, read as <unk>) or not at all (a source longer than its ``max_len``: its output is left
 empty) is a ``UserWarning`` naming the text, so that one bad sentence never stops a list; an option out of
-range is a ``ValueError`` naming it. ``python -m lib.generate`` is the command line over these functions.
+range is a ``ValueError`` naming it, and one of the wrong type (``beam_size=2.0``, ``temperature="0.8"``, bytes
+for a text) a ``TypeError`` naming it. ``python -m lib.generate`` is the command line over these functions.
 """
 
+import numbers
 import unicodedata
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,30 +36,64 @@ from lib.distributed import device_named
 from lib.evaluation import text_metrics
 from lib.tokenizer import continuation, decode, encode_sources, special_ids, unknown_words
 
-# What each option must be, by keyword: one table for this module's methods and for lib.generate's flags.
+# What each option must be, by keyword: its type, then its range. One table for this module's methods and for
+# lib.generate's flags (argparse has given those their type).
+INTEGER, NUMBER = (numbers.Integral, "an integer"), (numbers.Real, "a number")
 RANGES = {
-    "beam_size": (lambda v: v >= 1, ">= 1 (1: greedy)"),
-    "alpha": (lambda v: v >= 0, ">= 0"),
-    "max_extra_tokens": (lambda v: v >= 0, ">= 0"),
-    "max_tokens": (lambda v: v >= 1, ">= 1"),
-    "max_new_tokens": (lambda v: v >= 1, ">= 1"),
-    "temperature": (lambda v: v > 0, "> 0"),
-    "top_k": (lambda v: v >= 0, ">= 0 (0: no top-k filter)"),
-    "top_p": (lambda v: 0 < v <= 1, "in (0, 1] (1: no nucleus filter)"),
-    "num_samples": (lambda v: v >= 1, ">= 1"),
+    "beam_size": (INTEGER, lambda v: v >= 1, ">= 1 (1: greedy)"),
+    "k": (INTEGER, lambda v: v >= 1, ">= 1"),
+    "alpha": (NUMBER, lambda v: v >= 0, ">= 0"),
+    "max_extra_tokens": (INTEGER, lambda v: v >= 0, ">= 0"),
+    "max_tokens": (INTEGER, lambda v: v >= 1, ">= 1"),
+    "max_new_tokens": (INTEGER, lambda v: v >= 1, ">= 1"),
+    "temperature": (NUMBER, lambda v: v > 0, "> 0"),
+    "top_k": (INTEGER, lambda v: v >= 0, ">= 0 (0: no top-k filter)"),
+    "top_p": (NUMBER, lambda v: 0 < v <= 1, "in (0, 1] (1: no nucleus filter)"),
+    "num_samples": (INTEGER, lambda v: v >= 1, ">= 1"),
 }
 
 
 def out_of_range(values: dict, name=str) -> list[str]:
     """A message for each option in ``values`` (keyword -> value) outside its ``RANGES``, named by ``name(keyword)``."""
-    return [f"{name(key)} {value}: must be {RANGES[key][1]}" for key, value in values.items()
-            if not RANGES[key][0](value)]
+    return [f"{name(key)} {value}: must be {RANGES[key][2]}" for key, value in values.items()
+            if not RANGES[key][1](value)]
+
+
+def of_type(value, kind: tuple[type, str]) -> bool:
+    """Whether ``value`` is of ``kind`` (INTEGER or NUMBER; numpy's count too). True and False are neither: a
+    flag given for a count is a mistake."""
+    return isinstance(value, kind[0]) and not isinstance(value, bool)
 
 
 def check(**values):
-    """A ValueError naming every keyword out of its range."""
+    """A TypeError naming every keyword not of its type (2.0 for an integer, "0.8" for a number), else a
+    ValueError naming every keyword out of its range."""
+    if errors := [f"{key} {value!r}: must be {RANGES[key][0][1]}" for key, value in values.items()
+                  if not of_type(value, RANGES[key][0])]:
+        raise TypeError("; ".join(errors))
     if errors := out_of_range(values):
         raise ValueError("; ".join(errors))
+
+
+def texts_of(texts, what: str) -> tuple[list[str], bool]:
+    """(``texts`` as a list, whether one text was given): a str or an iterable of them (a list, a tuple, a
+    pandas Series), else a TypeError naming ``what`` (bytes are not text: decode them first)."""
+    if isinstance(texts, str):
+        return [texts], True
+    if isinstance(texts, (bytes, bytearray)) or not isinstance(texts, Iterable):
+        raise TypeError(f"{what}: a str or a list of str, not {type(texts).__name__}")
+    texts = list(texts)
+    if wrong := [i for i, text in enumerate(texts) if not isinstance(text, str)]:
+        raise TypeError(f"{what}[{wrong[0]}]: a str, not {type(texts[wrong[0]]).__name__}"
+                        + (f" ({len(wrong)} such in all)" if len(wrong) > 1 else ""))
+    return texts, False
+
+
+def text_of(text, what: str) -> str:
+    """``text``, or a TypeError naming ``what`` where it is not one str."""
+    if not isinstance(text, str):
+        raise TypeError(f"{what}: a str, not {type(text).__name__}")
+    return text
 
 
 def unknown_note(text: str, encoding, unk: int) -> str | None:
@@ -190,11 +226,6 @@ def _warn(messages: list[str], what: str):
         warnings.warn(f"{what}: {message}", stacklevel=3)
 
 
-def _as_list(texts: str | list[str]) -> tuple[list[str], bool]:
-    """(the texts as a list, whether one text was given)."""
-    return ([texts], True) if isinstance(texts, str) else (list(texts), False)
-
-
 class Translator:
     """A seq2seq model and its tokenizers. ``max_tokens``: the token budget of a batch of sources."""
 
@@ -207,7 +238,7 @@ class Translator:
         """The best output for each sentence: greedy search (beam_size 1) or beam search ranked by GNMT's
         length penalty ``alpha``; at most the sentence's length + ``max_extra_tokens`` tokens (eos included).
         A sentence empty or longer than the model's max_len gets "" (with a warning for the long one)."""
-        lines, one = _as_list(sentences)
+        lines, one = texts_of(sentences, "sentences")
         found, messages = self._search(lines, 1, beam_size, alpha, max_extra_tokens)
         _warn(messages, "translate")
         texts = [outputs[0].text if outputs else "" for outputs in found]
@@ -217,10 +248,12 @@ class Translator:
                max_extra_tokens: int = 20) -> list[Output] | list[list[Output]]:
         """Each sentence's ``k`` best outputs, best first, from beam search of ``beam_size`` (default k) beams;
         none for a sentence empty or too long."""
+        check(k=k)
         beam_size = k if beam_size is None else beam_size
-        if not 1 <= k <= beam_size:
+        check(beam_size=beam_size)
+        if k > beam_size:
             raise ValueError(f"k {k}: must be in [1, beam_size {beam_size}] (the beam holds that many outputs)")
-        lines, one = _as_list(sentences)
+        lines, one = texts_of(sentences, "sentences")
         found, messages = self._search(lines, k, beam_size, alpha, max_extra_tokens)
         _warn(messages, "n_best")
         return found[0] if one else found
@@ -239,8 +272,8 @@ class Translator:
         beam search would, ending in eos (an empty output is the eos alone); None where the sentence is
         empty, or it or its output is longer than the model's max_len."""
         check(alpha=alpha)
-        lines, one = _as_list(sentences)
-        _, messages, written = score_lines(self.model, self.tokenizers, lines, _as_list(outputs)[0], alpha,
+        lines, one = texts_of(sentences, "sentences")
+        _, messages, written = score_lines(self.model, self.tokenizers, lines, texts_of(outputs, "outputs")[0], alpha,
                                            self.max_tokens, by_index)
         _warn(messages, "score")
         found = [outputs_of(self.tokenizers.target, written[i][1])[0] if i in written else None
@@ -253,6 +286,9 @@ class Translator:
         self-attention" and "cross-attention" with a row for each step, labelled by the token it chose."""
         from lib.reporting import attention_maps, token_strings
 
+        text_of(sentence, "sentence")
+        if output is not None:
+            text_of(output, "output")
         where = lambda _: "the sentence"  # noqa: E731
         if output is None:  # the search's own tokens, not its text encoded again
             _, messages, written = translate_lines(self.model, self.tokenizers, [sentence], 1, 0.0, 20,
@@ -295,10 +331,26 @@ class LanguageModel:
         _warn(messages, "lm")
         return ids
 
+    def token_ids(self, ids, what: str) -> list[int]:
+        """``ids`` as a list, or a ValueError naming ``what`` where it is empty or holds what is no token id of
+        the model's vocabulary; a TypeError where it is no sequence (bytes are not text: decode them first)."""
+        if isinstance(ids, (bytes, bytearray)) or not isinstance(ids, Iterable):
+            raise TypeError(f"{what}: a str or a list of token ids, not {type(ids).__name__}")
+        ids = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
+        vocab_size = self.model.generator.out_features
+        if not ids:
+            raise ValueError(f"{what}: no tokens")
+        if wrong := [i for i in ids if not (of_type(i, INTEGER) and 0 <= i < vocab_size)]:
+            raise ValueError(f"{what}: {wrong[0]!r} is not a token id (an integer in [0, {vocab_size}))")
+        return ids
+
     def sampled_ids(self, prompt: list[int], max_new_tokens: int = 200, temperature: float = 0.8, top_k: int = 0,
                     top_p: float = 1.0, seed: int | torch.Generator = 0) -> Iterator[int]:
         """``stream`` on token ids: the new ones, each as it is drawn."""
+        prompt = self.token_ids(prompt, "prompt")
         check(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
+        if not (isinstance(seed, torch.Generator) or of_type(seed, INTEGER)):
+            raise TypeError(f"seed {seed!r}: must be an integer or a torch.Generator")
         generator = seed if isinstance(seed, torch.Generator) else torch.Generator().manual_seed(seed)
         return sampled(self.model, prompt, max_new_tokens, temperature, top_k, generator, self.block_size, top_p)
 
@@ -306,7 +358,7 @@ class LanguageModel:
                top_p: float = 1.0, seed: int | torch.Generator = 0) -> Iterator[str]:
         """``sample``'s continuation, as it is drawn: the pieces of text the new tokens add, one at a time
         (``for piece in lm.stream("ROMEO:"): print(piece, end="", flush=True)``)."""
-        if not prompt:
+        if not text_of(prompt, "prompt"):
             raise ValueError("prompt: empty; the LM continues a text")
         ids = self._ids(prompt, "the prompt")
         tokens = self.sampled_ids(ids, max_new_tokens, temperature, top_k, top_p, seed)
@@ -322,7 +374,7 @@ class LanguageModel:
     def score(self, text: str) -> dict:
         """The LM's tokens, loss (nats a token), perplexity and bits per character on ``text``, as the
         evaluate stage computes them: every token after the first, in consecutive blocks of ``block_size``."""
-        return self.score_ids(self._ids(text, "the text"), len(text))
+        return self.score_ids(self._ids(text_of(text, "text"), "the text"), len(text))
 
     def score_ids(self, ids: list[int], n_chars: int, what: str = "the text") -> dict:
         """``score`` on the token ids of a text of ``n_chars`` characters."""
@@ -336,7 +388,7 @@ class LanguageModel:
         labelled by the position's token."""
         from lib.reporting import token_strings
 
-        ids = self._ids(text, "the text") if isinstance(text, str) else text
+        ids = self.token_ids(self._ids(text, "the text") if isinstance(text, str) else text, "text")
         shown = torch.tensor(ids[:self.block_size])  # (T,)
         with torch.no_grad():
             _, layers = self.model.forward_with_attention(shown[None].to(next(self.model.parameters()).device))

@@ -451,6 +451,36 @@ def test_a_language_model_loaded_from_python_samples_and_scores_as_the_command_l
             call()
 
 
+def test_a_language_model_names_an_argument_of_the_wrong_type_before_any_work(tmp_path, lm_built, monkeypatch):
+    """lib.inference for an LM: an option, a seed or a text of the wrong type is a TypeError naming it, token ids
+    that are none of the vocabulary's a ValueError, before the model runs; a tensor of ids is taken as a list."""
+    from lib import inference
+
+    lm = inference.load(models_dir(lm_built, tmp_path))
+    ids = lm.tokenizers.target.encode("ROMEO", add_special_tokens=False).ids
+    assert lm.attention(torch.tensor(ids))["self-attention"].rows == list("ROMEO") == lm.attention(ids)[
+        "self-attention"].rows
+    monkeypatch.setattr(inference, "sampled", lambda *args: pytest.fail("sampling began"))
+    monkeypatch.setattr(inference, "text_metrics", lambda *args: pytest.fail("scoring began"))
+    monkeypatch.setattr(lm.model, "forward_with_attention", lambda *args: pytest.fail("the model ran"))
+    vocab = lm.model.generator.out_features
+    for call, error, message in [
+            (lambda: lm.sample("RO", max_new_tokens=2.0), TypeError, "max_new_tokens 2.0: must be an integer"),
+            (lambda: lm.stream("RO", temperature="0.8", top_k=2.5),
+             TypeError, "temperature '0.8': must be a number; top_k 2.5: must be an integer"),
+            (lambda: lm.sample("RO", seed="1"), TypeError, r"seed '1': must be an integer or a torch\.Generator"),
+            (lambda: lm.sample(b"RO"), TypeError, "prompt: a str, not bytes"),
+            (lambda: lm.sample(["RO", "JU"]), TypeError, "prompt: a str, not list"),
+            (lambda: lm.score(b"ROMEO"), TypeError, "text: a str, not bytes"),
+            (lambda: lm.attention(b"RO"), TypeError, "text: a str or a list of token ids, not bytes"),
+            (lambda: lm.attention(""), ValueError, "text: no tokens"),
+            (lambda: lm.attention([ids[0], vocab]), ValueError,
+             rf"text: {vocab} is not a token id \(an integer in \[0, {vocab}\)\)"),
+            (lambda: lm.sampled_ids([]), ValueError, "prompt: no tokens")]:
+        with pytest.raises(error, match=message):
+            call()
+
+
 @pytest.mark.parametrize("kind", ["bpe", "word", "char"])
 def test_a_continuation_keeps_the_space_after_the_prompt(kind):
     """The text an LM's new tokens add to its prompt is what the whole decoded text gains, a piece a token.

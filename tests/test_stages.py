@@ -1078,6 +1078,37 @@ def test_loading_a_models_directory_that_is_not_one_names_it(built, tmp_path):
         load(built["model"])
 
 
+def test_a_translator_names_an_argument_of_the_wrong_type_before_any_work(built, monkeypatch):
+    """lib.inference from Python: 2.0 for beam_size, "0.6" for alpha, bytes or a number for a text are a
+    TypeError naming the argument (not torch's, from deep in a search), raised before a sentence is read; numpy's
+    numbers and a pandas Series are taken as Python's own."""
+    from lib import inference
+
+    translator = inference.load(built["model"].parent)
+    assert translator.translate(pd.Series(["1 2", "3"]), beam_size=pd.Series([2]).iloc[0],  # a numpy int64
+                                alpha=pd.Series([0.6]).iloc[0]) == translator.translate(["1 2", "3"], beam_size=2)
+    for name in ("translate_lines", "score_lines"):
+        monkeypatch.setattr(inference, name, lambda *args, **kwargs: pytest.fail("work began"))
+    for call, message in [
+            (lambda: translator.translate("1 2", beam_size=2.0), "beam_size 2.0: must be an integer"),
+            (lambda: translator.translate("1 2", beam_size=True), "beam_size True: must be an integer"),
+            (lambda: translator.translate("1 2", alpha="0.6", max_extra_tokens=None),
+             "alpha '0.6': must be a number; max_extra_tokens None: must be an integer"),
+            (lambda: translator.n_best("1 2", k="2"), "k '2': must be an integer$"),
+            (lambda: translator.translate(b"1 2"), "sentences: a str or a list of str, not bytes"),
+            (lambda: translator.translate(None), "sentences: a str or a list of str, not NoneType"),
+            (lambda: translator.n_best(["1 2", 3, None], k=1), r"sentences\[1\]: a str, not int \(2 such in all\)"),
+            (lambda: translator.score("1 2", 3), "outputs: a str or a list of str, not int"),
+            (lambda: translator.attention(b"1 2"), "sentence: a str, not bytes"),
+            (lambda: translator.attention("1 2", ["1 3"]), "output: a str, not list"),
+            (lambda: inference.Translator(translator.model, translator.tokenizers, max_tokens=1e4),
+             "max_tokens 10000.0: must be an integer")]:
+        with pytest.raises(TypeError, match=message):
+            call()
+    with pytest.raises(ValueError, match=r"k 0: must be >= 1$"):  # the range, once the type is right
+        translator.n_best("1 2", k=0)
+
+
 @pytest.mark.parametrize("options", [[], ["--beam-size", "2", "--n-best", "2"]])
 def test_generate_translates_each_line_typed_at_a_terminal_as_it_is_entered(built, tmp_path, capsys, monkeypatch,
                                                                             options):
