@@ -1064,6 +1064,26 @@ def test_loading_onto_a_device_that_is_not_here_names_the_device(built):
             load(built["model"].parent, device="cuda")
     assert next(load(built["model"].parent, device="auto").model.parameters()).device.type == (
         "cuda" if torch.cuda.is_available() else "cpu")
+    for device, message in [(None, r"device None: not a device \(auto, cpu"),
+                            ("mps", r"device 'mps': not a device this toolkit runs on \(auto, cpu, cuda, cuda:N\)"),
+                            ("meta", "device 'meta': not a device this toolkit runs on")]:
+        with pytest.raises(ValueError, match=message):  # not "model.pt: not a readable checkpoint (corrupt ...)"
+            load(built["model"].parent, device=device)
+    here = load(built["model"].parent, device="cpu:0")  # torch.load cannot map onto cpu:0; the CPU is one
+    assert next(here.model.parameters()).device == torch.device("cpu")
+    assert here.translate("3 4 5 6") == load(built["model"].parent).translate("3 4 5 6")
+
+
+def test_a_gpu_index_this_machine_lacks_is_named(monkeypatch):
+    """cuda:3 on a machine of two GPUs: the index is named with the ones there are, before anything loads."""
+    from lib.distributed import device_named
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert device_named("cuda:1") == torch.device("cuda", 1) and device_named("cuda") == torch.device("cuda")
+    with pytest.raises(ValueError, match=re.escape("--device 'cuda:3': this machine has 2 CUDA device(s), cuda:0 to "
+                                                   "cuda:1")):
+        device_named("cuda:3", "--device")
 
 
 def test_loading_a_models_directory_that_is_not_one_names_it(built, tmp_path):
