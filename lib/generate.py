@@ -381,7 +381,7 @@ def main(argv=None):
             if path and path != "-":
                 checkpoint.check_readable(path, option=option)
         directory = Path(args.models or Path("models") / args.task)
-        model, tokenizers, state = checkpoint.load_directory(directory, device_named(args.device),
+        model, tokenizers, state = checkpoint.load_directory(directory, device_named(args.device, "--device"),
                                                              "--models" if args.models else "")
         if state["kind"] != kind:
             raise ValueError(f"{directory / 'model.pt'} holds a model of kind {state['kind']!r}, but {args.task} "
