@@ -3,7 +3,7 @@
 nanoGPT's README CPU run (shakespeare_char): 4 layers, 4 heads, width 128,
 block 64, batch 12, 2,000 iterations, dropout 0, on the same 90/10 split.
 Run from the repository root with the venv active:
-    python benchmarks/lm_reference.py [--source PATH] [--lr 2e-3] [--norm-first]
+    PYTHONPATH=. python benchmarks/lm_reference.py [--source PATH] [--lr 2e-3] [--norm-first]
 Prints one JSON object. Ours, trained by the train stage's loop: the wall time
 of the whole run and its ms per iteration, the median training step as the
 run logged it (what nanoGPT's log reports per iteration), the validation loss
