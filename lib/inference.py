@@ -84,8 +84,12 @@ def texts_of(texts, what: str) -> tuple[list[str], bool]:
         raise TypeError(f"{what}: a str or a list of str, not {type(texts).__name__}")
     texts = list(texts)
     if wrong := [i for i, text in enumerate(texts) if not isinstance(text, str)]:
-        raise TypeError(f"{what}[{wrong[0]}]: a str, not {type(texts[wrong[0]]).__name__}"
-                        + (f" ({len(wrong)} such in all)" if len(wrong) > 1 else ""))
+        first = texts[wrong[0]]
+        nan = isinstance(first, float) and first != first  # what pandas reads an empty cell as
+        raise TypeError(f"{what}[{wrong[0]}]: a str, not {type(first).__name__}"
+                        + (f" ({len(wrong)} such in all)" if len(wrong) > 1 else "")
+                        + (": NaN, an empty cell as pandas reads it (read_csv(..., keep_default_na=False) keeps it "
+                           "'')" if nan else ""))
     return texts, False
 
 

@@ -4,6 +4,7 @@ import contextlib
 import errno
 import functools
 import importlib
+import io
 import json
 import os
 import platform
@@ -1119,6 +1120,10 @@ def test_a_translator_names_an_argument_of_the_wrong_type_before_any_work(built,
             (lambda: translator.translate(None), "sentences: a str or a list of str, not NoneType"),
             (lambda: translator.n_best(["1 2", 3, None], k=1), r"sentences\[1\]: a str, not int \(2 such in all\)"),
             (lambda: translator.score("1 2", 3), "outputs: a str or a list of str, not int"),
+            (lambda: translator.score(["1 2", "3"], pd.read_csv(io.StringIO("tgt\n1 3\n\n"),
+                                                                  skip_blank_lines=False)["tgt"]),
+             r"outputs\[1\]: a str, not float: NaN, an empty cell as pandas reads it \(read_csv\(\.\.\., "
+             r"keep_default_na=False\) keeps it ''\)"),
             (lambda: translator.attention(b"1 2"), "sentence: a str, not bytes"),
             (lambda: translator.attention("1 2", ["1 3"]), "output: a str, not list"),
             (lambda: inference.Translator(translator.model, translator.tokenizers, max_tokens=1e4),
