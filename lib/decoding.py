@@ -8,6 +8,7 @@ every step, as a reference and for the speed benchmark.
 Dims: B sentences, K beams, S source length, T tokens so far, V vocabulary.
 """
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -42,6 +43,16 @@ class Hypothesis:
 def length_penalty(length: torch.Tensor | int, alpha: float):
     """GNMT's ((5 + |Y|) / 6) ** alpha (Wu et al., 2016); |Y| counts the produced tokens, eos included."""
     return ((5 + length) / 6) ** alpha
+
+
+def check_alpha(model, alpha: float):
+    """A ValueError naming ``alpha`` where the length penalty of the model's longest output (max_len tokens)
+    overflows float32: beam search would rank -inf / inf, a NaN, above every real candidate."""
+    longest = model.cfg.max_len
+    if not torch.isfinite(length_penalty(torch.tensor(longest), alpha)):
+        most = math.log(torch.finfo(torch.float32).max) / math.log((5 + longest) / 6)
+        raise ValueError(f"alpha {alpha}: the length penalty ((5 + length) / 6) ** alpha overflows at this model's "
+                         f"longest output ({longest} tokens) for an alpha above {most:.1f} (GNMT's: 0.6 to 1)")
 
 
 def check_eval_mode(model):
@@ -221,6 +232,7 @@ def translate_n_best(model, sources: list[list[int]], ids: SpecialIds, max_token
     beam_size 1 is greedy search, which beam search of one beam equals; it runs as ``greedy_search``,
     several times faster for a small model.
     """
+    check_alpha(model, alpha)
     outputs: list[list[Hypothesis]] = [[] for _ in sources]
     for indices, src, limit in _source_batches(model, sources, ids, max_tokens, max_extra_tokens):
         if beam_size > 1:
@@ -239,6 +251,7 @@ def score_outputs(model, sources: list[list[int]], outputs: list[list[int]], ids
     most ``max_tokens`` tokens a side. ``eos``: whether each output ended with eos (default: all did); the
     eos's log-probability counts only where it did."""
     check_eval_mode(model)
+    check_alpha(model, alpha)
     eos = [True] * len(outputs) if eos is None else eos
     device = next(model.parameters()).device
     pairs = Pairs(sources, outputs)

@@ -1,6 +1,8 @@
 """Incremental decoding, beam search and sampling against their definitions."""
 
 import itertools
+import math
+import re
 
 import pytest
 import torch
@@ -207,6 +209,28 @@ def test_no_output_outgrows_the_models_max_len():
     found += [h for hypotheses in beam_search(model, src, IDS, limit, beam_size=3, n_best=3) for h in hypotheses]
     assert len(found) == 4 + 4 + 4 * 3
     assert all(len(h.tokens) == 9 and not h.eos for h in found)
+
+
+def test_an_alpha_whose_length_penalty_overflows_is_refused_naming_the_largest_that_does_not():
+    """Past ((5 + max_len) / 6) ** alpha = float32's largest, beam search divided a ruled-out candidate's -inf by
+    inf: the NaN ranked above every real candidate, and every output was lost (lib.generate --alpha 1000: an
+    IndexError). An alpha just below the largest still searches to the longest output and scores it finitely."""
+    torch.manual_seed(0)
+    model = Transformer(model_config(max_len=10, tie_embeddings=True), V, V, joint_vocab=True).eval()
+    with torch.no_grad():
+        model.generator.bias[IDS.eos] = -1e4  # each output runs to max_len - 1 tokens, the largest penalty
+    src = unpadded(sources(B=3, S=6))
+    most = math.log(torch.finfo(torch.float32).max) / math.log((5 + 10) / 6)
+    for beam_size in (1, 3):
+        found = translate_n_best(model, src, IDS, 1000, 20, beam_size, alpha=0.999 * most, n_best=beam_size)
+        assert all(len(hs) == beam_size and all(len(h.tokens) == 9 and math.isfinite(h.score) for h in hs)
+                   for hs in found)
+    message = re.escape(f"alpha {2 * most}: the length penalty ((5 + length) / 6) ** alpha overflows at this model's "
+                        f"longest output (10 tokens) for an alpha above {most:.1f} (GNMT's: 0.6 to 1)")
+    with pytest.raises(ValueError, match=message):
+        translate_n_best(model, src, IDS, 1000, 20, 3, alpha=2 * most)
+    with pytest.raises(ValueError, match=message):
+        score_outputs(model, src, [[4, 5]] * 3, IDS, 1000, alpha=2 * most)
 
 
 def test_a_model_left_in_training_mode_with_dropout_is_refused_by_every_search_and_score():
