@@ -298,7 +298,12 @@ def sampled(
             fed = ids.size(1)
         else:
             logits = model(ids[:, -block_size:])[0, -1]  # (V,)
-        logits = top_p_filter(top_k_filter(logits.float() / temperature, top_k), top_p)
+        # The largest made 0 before dividing, by no less than float32's smallest normal number: a temperature
+        # near 0 (1e-45, 1e-300) then sends the others to -inf (a greedy step), not the largest to inf or 0 / 0,
+        # which softmax would turn into NaN.
+        logits = logits.float()
+        logits = (logits - logits.max()) / max(temperature, torch.finfo(torch.float32).tiny)
+        logits = top_p_filter(top_k_filter(logits, top_k), top_p)
         next_token = torch.multinomial(torch.softmax(logits, dim=-1).cpu(), 1, generator=generator)
         yield next_token.item()
         ids = torch.cat([ids, next_token.to(device)[None]], dim=1)  # (1, T + 1)

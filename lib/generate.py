@@ -185,7 +185,7 @@ def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace, kin
         errors = [] if args.prompt or args.score else [
             "--prompt is required (and must not be empty) to sample from the LM (- reads it from stdin), or "
             "--score FILE to score a text"]
-        ranged = ("max_new_tokens", "temperature", "top_k", "top_p", "num_samples")
+        ranged = ("max_new_tokens", "temperature", "top_k", "top_p", "num_samples", "seed")
     errors += out_of_range({dest: getattr(args, dest) for dest in ranged}, flag)
     if args.score:
         if generating := [flag(dest) for dest in GENERATION_OPTIONS[kind]

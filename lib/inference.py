@@ -50,6 +50,8 @@ RANGES = {
     "top_k": (INTEGER, lambda v: v >= 0, ">= 0 (0: no top-k filter)"),
     "top_p": (NUMBER, lambda v: 0 < v <= 1, "in (0, 1] (1: no nucleus filter)"),
     "num_samples": (INTEGER, lambda v: v >= 1, ">= 1"),
+    "seed": ((numbers.Integral, "an integer or a torch.Generator"), lambda v: -2 ** 63 <= v < 2 ** 64,
+             "in [-2**63, 2**64) (what torch's generator takes)"),
 }
 
 
@@ -352,9 +354,8 @@ class LanguageModel:
                     top_p: float = 1.0, seed: int | torch.Generator = 0) -> Iterator[int]:
         """``stream`` on token ids: the new ones, each as it is drawn."""
         prompt = self.token_ids(prompt, "prompt")
-        check(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
-        if not (isinstance(seed, torch.Generator) or of_type(seed, INTEGER)):
-            raise TypeError(f"seed {seed!r}: must be an integer or a torch.Generator")
+        check(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+              **({} if isinstance(seed, torch.Generator) else {"seed": seed}))
         generator = seed if isinstance(seed, torch.Generator) else torch.Generator().manual_seed(seed)
         return sampled(self.model, prompt, max_new_tokens, temperature, top_k, generator, self.block_size, top_p)
 

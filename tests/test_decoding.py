@@ -196,6 +196,20 @@ def test_sampling_past_the_block_reads_the_last_block_size_tokens():
     assert drawn == expected
 
 
+@pytest.mark.parametrize("temperature", [1e-30, 1e-45, 1e-300])
+def test_a_temperature_near_zero_draws_the_likeliest_token_at_every_step(temperature):
+    """At 1e-45 the largest logit / temperature was inf in float32, at 1e-300 the temperature itself was 0 (0 / 0):
+    softmax gave NaN and torch.multinomial raised. A temperature near 0 is greedy decoding."""
+    torch.manual_seed(0)
+    model = TransformerLM(model_config(max_len=16), V).eval()
+    drawn = sample(model, [5, 6], 10, temperature, 0, torch.Generator().manual_seed(0), block_size=16)
+    expected = [5, 6]
+    with torch.no_grad():
+        for _ in range(10):
+            expected.append(model(torch.tensor([expected]))[0, -1].argmax().item())
+    assert drawn == expected
+
+
 def test_no_output_outgrows_the_models_max_len():
     """The decoder reads bos and all but the last token of an output, so an output holds at most max_len - 1
     tokens (eos included): a longer limit (a long source's length + max_extra_tokens) is cut there, and the

@@ -408,6 +408,8 @@ def test_generate_scores_a_text_over_every_token_after_the_first(tmp_path, lm_bu
         ["--score", str(tmp_path / "one.txt")])
     assert "--prompt, --top-k: not with --score (it scores the text given; nothing is generated)" in fails(
         ["--score", str(tmp_path / "text.txt"), "--prompt", "RO", "--top-k", "3"])
+    assert "generate: error: --seed -9223372036854775809: must be in [-2**63, 2**64) (what torch's generator " \
+        "takes)\n" == fails(["--prompt", "RO", "--seed", str(-2 ** 63 - 1)])
 
 
 def test_a_language_model_loaded_from_python_samples_and_scores_as_the_command_line(tmp_path, lm_built, capsys):
@@ -469,6 +471,8 @@ def test_a_language_model_names_an_argument_of_the_wrong_type_before_any_work(tm
             (lambda: lm.stream("RO", temperature="0.8", top_k=2.5),
              TypeError, "temperature '0.8': must be a number; top_k 2.5: must be an integer"),
             (lambda: lm.sample("RO", seed="1"), TypeError, r"seed '1': must be an integer or a torch\.Generator"),
+            (lambda: lm.sample("RO", seed=2 ** 64), ValueError,  # was torch's "Overflow when unpacking long long"
+             r"seed 18446744073709551616: must be in \[-2\*\*63, 2\*\*64\) \(what torch's generator takes\)"),
             (lambda: lm.sample(b"RO"), TypeError, "prompt: a str, not bytes"),
             (lambda: lm.sample(["RO", "JU"]), TypeError, "prompt: a str, not list"),
             (lambda: lm.score(b"ROMEO"), TypeError, "text: a str, not bytes"),
