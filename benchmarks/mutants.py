@@ -216,7 +216,7 @@ MUTATIONS = [
     ("a given output's eos left out of its score", "lib/decoding.py",
      "log_probs[row, :len(outputs[i]) + eos[i]]", "log_probs[row, :len(outputs[i])]", USER),
     ("sampling without the temperature", "lib/decoding.py",
-     "(logits - logits.max()) / max(temperature, torch.finfo(torch.float32).tiny)", "(logits - logits.max())", USER),
+     "(logits - logits.max()) / divisor", "(logits - logits.max())", USER),
     ("sampling past the block reading the text's first block", "lib/decoding.py",
      "logits = model(ids[:, -block_size:])[0, -1]", "logits = model(ids[:, :block_size])[0, -1]", USER),
     ("input not NFC-normalised as the data was", "lib/inference.py",

@@ -292,17 +292,18 @@ def sampled(
     device = next(model.parameters()).device
     ids = torch.tensor([prompt], dtype=torch.long, device=device)  # (1, T)
     cache, fed = (model.new_cache(), 0) if use_cache else (None, 0)
+    # The logits are divided with their largest made 0, and by no less than float32's smallest normal number: a
+    # temperature near 0 (1e-45, 1e-300) then sends the others to -inf (a greedy step), not the largest to inf
+    # or 0 / 0, which softmax would turn into NaN.
+    divisor = max(temperature, torch.finfo(torch.float32).tiny)
     for _ in range(max_new_tokens):
         if cache is not None and ids.size(1) <= block_size:
             logits = model(ids[:, fed:], cache, fed)[0, -1]  # the tokens not yet in the cache
             fed = ids.size(1)
         else:
             logits = model(ids[:, -block_size:])[0, -1]  # (V,)
-        # The largest made 0 before dividing, by no less than float32's smallest normal number: a temperature
-        # near 0 (1e-45, 1e-300) then sends the others to -inf (a greedy step), not the largest to inf or 0 / 0,
-        # which softmax would turn into NaN.
         logits = logits.float()
-        logits = (logits - logits.max()) / max(temperature, torch.finfo(torch.float32).tiny)
+        logits = (logits - logits.max()) / divisor
         logits = top_p_filter(top_k_filter(logits, top_k), top_p)
         next_token = torch.multinomial(torch.softmax(logits, dim=-1).cpu(), 1, generator=generator)
         yield next_token.item()

@@ -77,14 +77,20 @@ def check(**values):
         raise ValueError("; ".join(errors))
 
 
+def as_list(values, what: str, items: str) -> list:
+    """``values``, an iterable (a list, a tuple, a pandas Series, a tensor), as a list; else a TypeError naming
+    ``what`` as no str nor list of ``items`` (bytes are not text: decode them first)."""
+    if isinstance(values, (bytes, bytearray)) or not isinstance(values, Iterable):
+        raise TypeError(f"{what}: a str or a list of {items}, not {type(values).__name__}")
+    return values.tolist() if isinstance(values, torch.Tensor) else list(values)
+
+
 def texts_of(texts, what: str) -> tuple[list[str], bool]:
-    """(``texts`` as a list, whether one text was given): a str or an iterable of them (a list, a tuple, a
-    pandas Series), else a TypeError naming ``what`` (bytes are not text: decode them first)."""
+    """(``texts`` as a list, whether one text was given): a str or an iterable of them, else a TypeError
+    naming ``what``."""
     if isinstance(texts, str):
         return [texts], True
-    if isinstance(texts, (bytes, bytearray)) or not isinstance(texts, Iterable):
-        raise TypeError(f"{what}: a str or a list of str, not {type(texts).__name__}")
-    texts = list(texts)
+    texts = as_list(texts, what, "str")
     if wrong := [i for i, text in enumerate(texts) if not isinstance(text, str)]:
         first = texts[wrong[0]]
         nan = isinstance(first, float) and first != first  # what pandas reads an empty cell as
@@ -339,11 +345,8 @@ class LanguageModel:
 
     def token_ids(self, ids, what: str) -> list[int]:
         """``ids`` as a list, or a ValueError naming ``what`` where it is empty or holds what is no token id of
-        the model's vocabulary; a TypeError where it is no sequence (bytes are not text: decode them first)."""
-        if isinstance(ids, (bytes, bytearray)) or not isinstance(ids, Iterable):
-            raise TypeError(f"{what}: a str or a list of token ids, not {type(ids).__name__}")
-        ids = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
-        vocab_size = self.model.generator.out_features
+        the model's vocabulary; a TypeError where it is no sequence (``as_list``)."""
+        ids, vocab_size = as_list(ids, what, "token ids"), self.model.generator.out_features
         if not ids:
             raise ValueError(f"{what}: no tokens")
         if wrong := [i for i in ids if not (of_type(i, INTEGER) and 0 <= i < vocab_size)]:
