@@ -13,7 +13,7 @@ import time
 import traceback
 
 from lib.checkpoint import check_readable, check_writable
-from lib.config import ConfigError, load_params, stage_config
+from lib.config import ConfigError, check_stages_after, load_params, stage_config
 
 
 class Terminated(BaseException):
@@ -106,7 +106,9 @@ def stage_main(stage: str, reads: list[str], writes: dict[str, str], run, argv: 
     who = f"{stage}@{args.task}"
     started = False
     try:
-        cfg = stage_config(load_params(args.params), args.task, stage)
+        params = load_params(args.params)
+        cfg = stage_config(params, args.task, stage)
+        check_stages_after(params, args.task, stage)
         for name, kind in writes.items():
             check_writable(getattr(args, name), kind == DIRECTORY, f"--{name}")
         for name in reads:  # dvc repro checks them itself; a stage run by hand (under torchrun, say) here

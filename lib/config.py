@@ -9,6 +9,7 @@ ConfigError naming the dotted key before any work starts.
 """
 
 import dataclasses
+import math
 import types
 import typing
 from pathlib import Path
@@ -68,6 +69,8 @@ def from_dict(cls, raw, key: str):
             values[name] = tuple(_check_type(v, kind.__args__[0], sub) for v in items)
         else:
             values[name] = _check_type(raw[name], kind, sub)
+        if isinstance(values[name], float) and not math.isfinite(values[name]):  # YAML's .inf and .nan
+            raise ConfigError(f"{sub}: expected a finite number, got {values[name]}")
     try:
         return cls(**values)
     except ConfigError as err:
@@ -329,6 +332,9 @@ class LMReportConfig:
         require(self.passage_tokens > 1, "passage_tokens", "must be > 1")
 
 
+# The stages in the order dvc.yaml runs them, each reading what the one before wrote.
+STAGES = ("prepare", "tokenize", "train", "evaluate", "report")
+
 # The config class of each stage, by the task's kind (seq2seq or lm).
 STAGE_CONFIGS = {
     "tokenize": {"seq2seq": TokenizeConfig, "lm": TokenizeConfig},
@@ -341,6 +347,15 @@ STAGE_CONFIGS = {
 # what a message about a run's rate or length names.
 LR_PARAM = {"seq2seq": "train.lr_factor", "lm": "train.lr"}
 LENGTH_PARAM = {"seq2seq": "train.epochs", "lm": "train.max_iters"}
+
+
+FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max, without importing torch
+
+
+def largest_alpha(longest: int) -> float:
+    """The largest length penalty alpha for which GNMT's ((5 + length) / 6) ** alpha stays within float32 at an
+    output of ``longest`` tokens (36.3 at cumsum's max_len 64, 23.5 at multi30k's 256)."""
+    return math.log(FLOAT32_MAX) / math.log((5 + longest) / 6)
 
 
 def utf8_text(raw: bytes, name: str | Path, first_line: int = 1) -> str:
@@ -418,3 +433,29 @@ def stage_config(params: dict, task: str, stage: str):
     module = get_task(task)
     cls = module.PrepareConfig if stage == "prepare" else STAGE_CONFIGS[stage][module.KIND]
     return from_dict(cls, section[stage], f"{task}.{stage}")
+
+
+def check_stages_after(params: dict, task: str, stage: str):
+    """The params of the stages after ``stage``, validated as each will validate its own, and what they ask of
+    the model that train builds: so that a mistake in them is named before ``stage``'s work is done (a multi30k
+    training of tens of minutes, then an evaluate section that fails). The stages before ``stage`` have run,
+    or their outputs came from elsewhere (``dvc pull``): their params, and a local source that prepare read, are
+    not asked for."""
+    from lib.tasks import get_task
+
+    try:
+        # From ``stage`` on: its own section the stage has checked already, but train's is read below
+        cfgs = {name: stage_config(params, task, name) for name in STAGES[STAGES.index(stage):]}
+        train, evaluate, report = (cfgs.get(name) for name in ("train", "evaluate", "report"))
+        if train and evaluate and get_task(task).KIND == "seq2seq" and evaluate.beam_size > 1:  # greedy: no alpha
+            longest, most = train.model.max_len, largest_alpha(train.model.max_len)
+            require(evaluate.alpha <= most, f"{task}.evaluate.alpha",
+                    f"{evaluate.alpha}: the length penalty ((5 + length) / 6) ** alpha overflows float32 at "
+                    f"{task}.train.model.max_len {longest} for an alpha above {most:.1f} (GNMT's: 0.6 to 1)")
+        if train and report and get_task(task).KIND == "lm":
+            require(report.passage_tokens <= train.block_size, f"{task}.report.passage_tokens",
+                    f"{report.passage_tokens} is longer than the blocks the model trains on "
+                    f"({task}.train.block_size {train.block_size})")
+    except ConfigError as err:
+        raise ConfigError(f"{err} (found before {stage} starts: each stage checks the params of those after it)"
+                          ) from None

@@ -8,13 +8,13 @@ every step, as a reference and for the speed benchmark.
 Dims: B sentences, K beams, S source length, T tokens so far, V vocabulary.
 """
 
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from lib.config import largest_alpha
 from lib.data import Pairs, collate, token_budget_batches
 from lib.dropout import Dropout
 from lib.masks import padding_mask, target_mask
@@ -50,9 +50,9 @@ def check_alpha(model, alpha: float):
     overflows float32: beam search would rank -inf / inf, a NaN, above every real candidate."""
     longest = model.cfg.max_len
     if not torch.isfinite(length_penalty(torch.tensor(longest), alpha)):
-        most = math.log(torch.finfo(torch.float32).max) / math.log((5 + longest) / 6)
         raise ValueError(f"alpha {alpha}: the length penalty ((5 + length) / 6) ** alpha overflows at this model's "
-                         f"longest output ({longest} tokens) for an alpha above {most:.1f} (GNMT's: 0.6 to 1)")
+                         f"longest output ({longest} tokens) for an alpha above {largest_alpha(longest):.1f} "
+                         "(GNMT's: 0.6 to 1)")
 
 
 def check_eval_mode(model):

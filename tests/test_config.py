@@ -1,5 +1,6 @@
 """params.yaml validation: a bad key fails before any work, naming the key."""
 
+import copy
 import json
 import subprocess
 import sys
@@ -7,7 +8,7 @@ import sys
 import pytest
 import yaml
 
-from lib.config import ConfigError, load_params, stage_config
+from lib.config import ConfigError, check_stages_after, load_params, stage_config
 from tests.conftest import ROOT, run_stage
 
 
@@ -45,6 +46,17 @@ from tests.conftest import ROOT, run_stage
          r"cumsum\.prepare\.seed: 18446744073709551616 is not in"),
         ("train", lambda p: p["train"].update(seed=-1), r"cumsum\.train\.seed: -1 is not in \[0, 2\*\*32\)"),
         ("evaluate", lambda p: p["evaluate"].update(n_samples=-1), r"cumsum\.evaluate\.n_samples"),
+        # YAML's .inf and .nan: a learning rate, a RoPE base or a decay of inf trains to NaN or to nothing
+        ("train", lambda p: p["train"].update(lr_factor=float("inf")),
+         r"^cumsum\.train\.lr_factor: expected a finite number, got inf$"),
+        ("train", lambda p: p["train"]["model"].update(rope_base=float("inf")),
+         r"^cumsum\.train\.model\.rope_base: expected a finite number, got inf$"),
+        ("train", lambda p: p["train"].update(peak_tflops=float("inf")),  # float | str: the finite check still
+         r"^cumsum\.train\.peak_tflops: expected a finite number, got inf$"),
+        ("train", lambda p: p["train"].update(clip_norm=float("nan")),
+         r"^cumsum\.train\.clip_norm: expected a finite number, got nan$"),
+        ("evaluate", lambda p: p["evaluate"].update(alpha=-float("inf")),
+         r"^cumsum\.evaluate\.alpha: expected a finite number, got -inf$"),
     ],
 )
 def test_bad_values_name_the_key(tiny_params, stage, edit, message):
@@ -120,6 +132,62 @@ def test_stage_command_fails_cleanly_and_writes_nothing(tmp_path, capsys, tiny_p
     assert list(tmp_path.iterdir()) == [params]
 
 
+LM_PARAMS = {"prepare": {"source": "no/such/input.txt", "train_fraction": 0.9},  # a source train never reads
+             "tokenize": {"kind": "char", "min_frequency": 1},
+             "train": {"seed": 0, "device": "cpu", "max_iters": 4, "batch_size": 2, "block_size": 16,
+                       "schedule": "cosine", "lr": 1e-3, "min_lr": 1e-4, "warmup": 1, "weight_decay": 0.1,
+                       "beta2": 0.99, "clip_norm": 1.0, "eval_every": 2, "eval_batches": 1, "checkpoint_every": 2,
+                       "model": {"d_model": 16, "n_heads": 2, "encoder_layers": 0, "decoder_layers": 1, "d_ff": 32,
+                                 "dropout": 0.0, "norm_first": True, "tie_embeddings": True, "fused_qkv": True,
+                                 "max_len": 16}},
+             "evaluate": {"prompts": ["RO"], "max_new_tokens": 4, "temperature": 1.0, "top_k": 0, "seed": 0},
+             "report": {"passage_tokens": 8}}
+
+
+@pytest.mark.parametrize("task, stage, section, key, value, message", [
+    ("cumsum", "prepare", "cumsum.evaluate", "beam_size", 0,
+     "cumsum.evaluate.beam_size: must be >= 1 (1: greedy search only) (found before prepare starts: each stage "
+     "checks the params of those after it)"),
+    ("cumsum", "tokenize", "cumsum.report", "n_attention_examples", 0, "cumsum.report.n_attention_examples: must "
+     "be > 0 (found before tokenize starts"),
+    ("cumsum", "train", "cumsum.evaluate", "alpha", 1000, "cumsum.evaluate.alpha: 1000.0: the length penalty "
+     "((5 + length) / 6) ** alpha overflows float32 at cumsum.train.model.max_len 32 for an alpha above 48.8 "
+     "(GNMT's: 0.6 to 1) (found before train starts"),
+    ("shakespeare", "train", "shakespeare.report", "passage_tokens", 17, "shakespeare.report.passage_tokens: 17 is "
+     "longer than the blocks the model trains on (shakespeare.train.block_size 16) (found before train starts"),
+])
+def test_a_later_stages_mistake_is_named_before_the_work_ahead_of_it(tmp_path, capsys, tiny_params, task, stage,
+                                                                      section, key, value, message):
+    """A mistake in evaluate's or report's params (or one they make with train's) failed only when that stage
+    ran: after training, tens of minutes of it for multi30k. Each stage now checks those after it first; the
+    params of the stages before it (shakespeare's prepare source, not on this machine) are not asked for."""
+    tiny_params["tasks"], tiny_params["shakespeare"] = [task], copy.deepcopy(LM_PARAMS)
+    tiny_params["cumsum"]["evaluate"]["beam_size"] = 2  # alpha is beam search's: greedy search has no penalty
+    right = yaml.safe_dump(tiny_params)
+    edit_params(tiny_params, section, key, value)
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(tiny_params))
+    paths = {"prepare": ["--out"], "tokenize": ["--data", "--out"],
+             "train": ["--data", "--tokenizer", "--model", "--checkpoints", "--live"]}[stage]
+    argv = [part for option in paths for part in (option, str(tmp_path / option.strip("-")))]
+    assert run_stage(stage, [task, *argv, "--params", str(params)]) == 2
+    assert message in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == [params]
+    params.write_text(right)  # the later sections right: on to the stage's work (prepare's), or to its inputs,
+    run_stage(stage, [task, *argv, "--params", str(params)])  # not here (the others'): named, not the params
+    assert "found before" not in capsys.readouterr().err
+
+
+def test_greedy_searchs_unused_alpha_is_not_held_against_it(tiny_params):
+    """The evaluate stage takes any alpha with beam_size 1 (greedy search ranks by the next token alone), so
+    the stages before it do too; beam search's is held to the bound."""
+    tiny_params["cumsum"]["evaluate"]["alpha"] = 1000.0
+    check_stages_after(tiny_params, "cumsum", "train")
+    tiny_params["cumsum"]["evaluate"]["beam_size"] = 2
+    with pytest.raises(ConfigError, match=r"^cumsum\.evaluate\.alpha: 1000\.0: the length penalty"):
+        check_stages_after(tiny_params, "cumsum", "train")
+
+
 def test_missing_local_source_is_named(tiny_params):
     tiny_params["tasks"] = ["shakespeare"]
     tiny_params["shakespeare"] = {"prepare": {"source": "no/such/input.txt", "train_fraction": 0.9}}
@@ -165,6 +233,15 @@ def test_a_value_is_read_as_dvc_reads_it(tmp_path, tiny_params, written, read):
     params = load_params(tmp_path / "params.yaml")
     assert params == parse_yaml(text, "params.yaml")  # as DVC reads it
     assert getattr(stage_config(params, "cumsum", "train"), key) == read
+
+
+def test_yamls_infinity_is_refused_where_it_was_taken(tmp_path, tiny_params):
+    """`lr_factor: .inf` (YAML 1.2's infinity, as DVC reads it) was taken, and training diverged at step 2."""
+    text = yaml.safe_dump(tiny_params).replace("lr_factor: 1.0\n", "lr_factor: .inf\n")
+    assert "lr_factor: .inf" in text
+    (tmp_path / "params.yaml").write_text(text)
+    with pytest.raises(ConfigError, match=r"^cumsum\.train\.lr_factor: expected a finite number, got inf$"):
+        stage_config(load_params(tmp_path / "params.yaml"), "cumsum", "train")
 
 
 @pytest.mark.parametrize("written", ["yes", "off"])

@@ -296,6 +296,7 @@ def lm_runs(tmp_path_factory):
                        eval_every=10, eval_batches=2, checkpoint_every=10, accumulate=2)
     lm["train"]["model"].update(d_model=32, n_heads=4, decoder_layers=2, d_ff=64, max_len=16,
                                 dropout=0.0)  # dropout masks are drawn per process
+    lm["report"].update(passage_tokens=16)  # a passage within the blocks
     params_path = prepare(tmp_path, params, "shakespeare")
     return (train(tmp_path, params_path, "single", 1, "shakespeare"),
             train(tmp_path, params_path, "ddp", 2, "shakespeare"))

@@ -104,6 +104,7 @@ def test_the_cpu_running_out_of_memory_names_the_lms_batch_params(lm_built, tmp_
     params = load_params(ROOT / "params.yaml")
     params["tasks"] = ["shakespeare"]
     params["shakespeare"]["train"].update(device="cpu", batch_size=10 ** 10, block_size=16)
+    params["shakespeare"]["report"].update(passage_tokens=16)  # a passage within the blocks
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
 
     def cap_memory():

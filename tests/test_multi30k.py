@@ -59,6 +59,7 @@ def tiny_params(source: Path, src_lang="de", tgt_lang="en", joint=True) -> dict:
                           "max_len": 64},
             },
             "evaluate": {"max_tokens": 400, "max_extra_tokens": 5, "n_samples": 3},
+            "report": {"n_attention_examples": 2},
         },
     }
 
