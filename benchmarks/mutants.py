@@ -231,6 +231,8 @@ MUTATIONS = [
      "logits = model(ids[:, -block_size:])[0, -1]", "logits = model(ids[:, :block_size])[0, -1]", USER),
     ("input not NFC-normalised as the data was", "lib/inference.py",
      "unicodedata.normalize(\"NFC\", line).strip()", "line.strip()", USER),
+    ("an evaluate prompt read as <unk> without a word", "lib/evaluation.py", "            log.warning(message)\n",
+     "            pass\n", USER),
     ("a source of exactly max_len tokens refused", "lib/inference.py",
      "if len(encoding.ids) > model.cfg.max_len:", "if len(encoding.ids) >= model.cfg.max_len:", USER),
     ("least_likely naming the likeliest token", "lib/inference.py",

@@ -8,6 +8,7 @@ and samples continuing a few prompts.
 """
 
 import json
+import logging
 import math
 import time
 
@@ -22,8 +23,11 @@ from lib.data import Pairs, read_split, read_text
 from lib.decoding import Hypothesis, sampled, score_outputs, translate, translate_n_best
 from lib.metrics import perplexity
 from lib.tasks import get_task
-from lib.tokenizer import continuation, decode, encode, encode_pairs, encode_text, special_ids
+from lib.tokenizer import continuation, decode, encode_pairs, encode_text, lm_ids, special_ids
 from lib.training import mean_loss
+
+
+log = logging.getLogger(__name__)
 
 
 def translate_texts(model, pairs: Pairs, ids, tokenizer, cfg: EvaluateConfig, beam_size: int = 1) -> list[str]:
@@ -145,8 +149,12 @@ def evaluate_lm(task, cfg: LMEvaluateConfig, data_dir, tokenizer_dir, model_path
     metrics = {"n_valid_tokens": scores.pop("tokens"), **scores}
     generator = torch.Generator().manual_seed(cfg.seed)
     rows = []
-    for prompt in cfg.prompts:
-        prompt_ids = encode(tokenizer, [prompt])[0]
+    for i, prompt in enumerate(cfg.prompts):
+        # A character the training text lacks (a curly quote, an accent) is read as <unk>: the sample is drawn
+        # all the same, from a prompt the model cannot see, so the log names it
+        prompt_ids, unread = lm_ids(tokenizers, prompt, f"{task}.evaluate.prompts[{i}]")
+        for message in unread:
+            log.warning(message)
         tokens = sampled(model, prompt_ids, cfg.max_new_tokens, cfg.temperature, cfg.top_k, generator,
                          state["block_size"], cfg.top_p)
         rows.append({"prompt": prompt, "sample": "".join(continuation(tokenizer, prompt_ids, tokens))})

@@ -39,9 +39,9 @@ from lib import checkpoint
 from lib.config import utf8_lines, utf8_text
 from lib.data import Pairs, collate
 from lib.distributed import device_named
-from lib.inference import LanguageModel, Written, lm_ids, out_of_range, outputs_of, score_lines, translate_lines
+from lib.inference import LanguageModel, Written, out_of_range, outputs_of, score_lines, translate_lines
 from lib.tasks import get_task
-from lib.tokenizer import continuation, special_ids
+from lib.tokenizer import continuation, lm_ids, special_ids
 
 
 def input_bytes(path: str) -> tuple[bytes, str]:

@@ -34,7 +34,7 @@ from lib.data import Pairs, collate
 from lib.decoding import Hypothesis, sampled, score_outputs, translate_n_best
 from lib.distributed import device_named
 from lib.evaluation import text_metrics
-from lib.tokenizer import continuation, decode, encode_sources, special_ids, unknown_words
+from lib.tokenizer import continuation, decode, encode_sources, lm_ids, special_ids, unknown_note
 
 # What each option must be, by keyword: its type, then its range. One table for this module's methods and for
 # lib.generate's flags (argparse has given those their type).
@@ -106,15 +106,6 @@ def text_of(text, what: str) -> str:
     if not isinstance(text, str):
         raise TypeError(f"{what}: a str, not {type(text).__name__}")
     return text
-
-
-def unknown_note(text: str, encoding, unk: int) -> str | None:
-    """What of ``text`` the model cannot read (its ``encoding`` has <unk> there), for a message."""
-    words = unknown_words(text, encoding, unk)
-    if not words:
-        return None
-    shown = ", ".join(map(repr, words[:5])) + (f" and {len(words) - 5} more" if len(words) > 5 else "")
-    return f"not in the model's vocabulary, read as <unk>: {shown}"
 
 
 def normalized(lines: list[str]) -> list[str]:
@@ -323,13 +314,6 @@ class Translator:
         labels = {"encoder self-attention": (src, src), "decoder self-attention": (chose, tgt_in),
                   "cross-attention": (chose, src)}
         return {kind: Attention([w[0].float().cpu() for w in maps[kind]], *labels[kind]) for kind in labels}
-
-
-def lm_ids(tokenizers, text: str, what: str) -> tuple[list[int], list[str]]:
-    """The LM's token ids of ``text``, and a message naming what it cannot read (<unk>), as part of ``what``."""
-    encoding = tokenizers.target.encode(text, add_special_tokens=False)
-    note = unknown_note(text, encoding, special_ids(tokenizers).unk)
-    return encoding.ids, [f"{what}: {note}"] if note else []
 
 
 class LanguageModel:

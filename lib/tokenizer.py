@@ -129,6 +129,22 @@ def unknown_words(text: str, encoding: Encoding, unk: int) -> list[str]:
     return [text[start:end] for start, end in spans]
 
 
+def unknown_note(text: str, encoding, unk: int) -> str | None:
+    """What of ``text`` the model cannot read (its ``encoding`` has <unk> there), for a message."""
+    words = unknown_words(text, encoding, unk)
+    if not words:
+        return None
+    shown = ", ".join(map(repr, words[:5])) + (f" and {len(words) - 5} more" if len(words) > 5 else "")
+    return f"not in the model's vocabulary, read as <unk>: {shown}"
+
+
+def lm_ids(tokenizers, text: str, what: str) -> tuple[list[int], list[str]]:
+    """The LM's token ids of ``text``, and a message naming what it cannot read (<unk>), as part of ``what``."""
+    encoding = tokenizers.target.encode(text, add_special_tokens=False)
+    note = unknown_note(text, encoding, special_ids(tokenizers).unk)
+    return encoding.ids, [f"{what}: {note}"] if note else []
+
+
 def encode_sources(tokenizers: Tokenizers, texts: list[str]) -> list[Encoding]:
     """Sources as the model reads them: ending in <eos> where the tokenize stage said so (``source_eos``).
 

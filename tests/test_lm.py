@@ -298,6 +298,19 @@ def test_prompts_and_passage_that_the_model_cannot_take_are_named(lm_built, tmp_
     assert not out.exists()
 
 
+def test_an_evaluate_prompt_the_model_cannot_read_is_named_in_the_log(lm_built, tmp_path, caplog):
+    """A character the training text lacks, in an evaluate prompt (a curly quote typed into params.yaml), was
+    read as <unk> without a word: the sample was drawn from a prompt the model could not see."""
+    cfg = LMEvaluateConfig(prompts=("JU", "RO\u2019\u2603ME"), max_new_tokens=5, temperature=0.8, top_k=5, seed=0)
+    metrics, samples = tmp_path / "metrics.json", tmp_path / "samples.jsonl"
+    with caplog.at_level("WARNING", logger="lib.evaluation"):
+        evaluation.run("shakespeare", cfg, lm_built["data"], lm_built["tok"], lm_built["model"], metrics, samples)
+    assert [r.getMessage() for r in caplog.records] == [
+        "shakespeare.evaluate.prompts[1]: not in the model's vocabulary, read as <unk>: '\u2019\u2603'"]
+    rows = pd.read_json(samples, lines=True, dtype=False)
+    assert rows["prompt"].tolist() == list(cfg.prompts) and rows["sample"].str.len().tolist() == [5, 5]
+
+
 @pytest.mark.parametrize("content, message", [
     (b"", r"play.txt is empty"),
     (b"ROMEO:\nO \xff\xfe night\n", r"shakespeare\.prepare\.source: .*play.txt: line 2: not UTF-8 \(byte 2\)"),
