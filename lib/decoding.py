@@ -45,12 +45,12 @@ def length_penalty(length: torch.Tensor | int, alpha: float):
     return ((5 + length) / 6) ** alpha
 
 
-def check_alpha(model, alpha: float):
-    """A ValueError naming ``alpha`` where the length penalty of the model's longest output (max_len tokens)
-    overflows float32: beam search would rank -inf / inf, a NaN, above every real candidate."""
+def check_alpha(model, alpha: float, name: str = "alpha"):
+    """A ValueError naming ``alpha`` (as ``name``: a flag, a param) where the length penalty of the model's longest
+    output (max_len tokens) overflows float32: beam search would rank -inf / inf, a NaN, above every real candidate."""
     longest = model.cfg.max_len
     if not torch.isfinite(length_penalty(torch.tensor(longest), alpha)):
-        raise ValueError(f"alpha {alpha}: the length penalty ((5 + length) / 6) ** alpha overflows at this model's "
+        raise ValueError(f"{name} {alpha}: the length penalty ((5 + length) / 6) ** alpha overflows at this model's "
                          f"longest output ({longest} tokens) for an alpha above {largest_alpha(longest):.1f} "
                          "(GNMT's: 0.6 to 1)")
 

@@ -20,7 +20,7 @@ from lib import checkpoint
 from lib.checkpoint import atomic_path
 from lib.config import EvaluateConfig, LMEvaluateConfig
 from lib.data import Pairs, read_split, read_text
-from lib.decoding import Hypothesis, sampled, score_outputs, translate, translate_n_best
+from lib.decoding import Hypothesis, check_alpha, sampled, score_outputs, translate, translate_n_best
 from lib.metrics import perplexity
 from lib.tasks import get_task
 from lib.tokenizer import continuation, decode, encode_pairs, encode_text, lm_ids, special_ids
@@ -30,10 +30,10 @@ from lib.training import mean_loss
 log = logging.getLogger(__name__)
 
 
-def translate_texts(model, pairs: Pairs, ids, tokenizer, cfg: EvaluateConfig, beam_size: int = 1) -> list[str]:
-    """Hypotheses for every source in ``pairs``, in order, as text (``tokenizer``: the target side's)."""
-    outputs = translate(model, pairs.src, ids, cfg.max_tokens, cfg.max_extra_tokens, beam_size, cfg.alpha)
-    return decode(tokenizer, outputs)
+def greedy_texts(model, pairs: Pairs, ids, tokenizer, cfg: EvaluateConfig) -> list[str]:
+    """Greedy search's output for every source in ``pairs``, in order, as text (``tokenizer``: the target
+    side's). Greedy search ranks by the next token alone: beam search's length penalty (cfg.alpha) plays no part."""
+    return decode(tokenizer, translate(model, pairs.src, ids, cfg.max_tokens, cfg.max_extra_tokens))
 
 
 def search_or_model(found: list[Hypothesis], references: list[Hypothesis]) -> dict:
@@ -59,6 +59,8 @@ def evaluate_seq2seq(task, cfg: EvaluateConfig, data_dir, tokenizer_dir, model_p
     device = torch.device("cpu")
     module = get_task(task)
     model, tokenizers, _ = checkpoint.load_trained(model_path, tokenizer_dir, device)
+    if cfg.beam_size > 1:  # greedy search has no length penalty; beam search's is bounded by the model's max_len
+        check_alpha(model, cfg.alpha, f"{task}.evaluate.alpha")
     ids = special_ids(tokenizers)
 
     test = read_split(data_dir, "test")
@@ -96,7 +98,7 @@ def evaluate_seq2seq(task, cfg: EvaluateConfig, data_dir, tokenizer_dir, model_p
     extra = getattr(module, "EXTRA_SPLIT", None)  # e.g. cumsum's length study: exact match by length
     if extra:
         frame = read_split(data_dir, extra)
-        hypotheses = translate_texts(model, encode_pairs(tokenizers, frame), ids, tokenizers.target, cfg)
+        hypotheses = greedy_texts(model, encode_pairs(tokenizers, frame), ids, tokenizers.target, cfg)
         metrics.update(module.split_metrics(frame, hypotheses, test))
         rows = sample_rows(module, extra, frame, hypotheses).assign(first=False, worst=False)
         samples = pd.concat([samples, rows], ignore_index=True)

@@ -38,6 +38,7 @@ from tqdm import tqdm
 from lib import checkpoint
 from lib.config import utf8_lines, utf8_text
 from lib.data import Pairs, collate
+from lib.decoding import check_alpha
 from lib.distributed import device_named
 from lib.inference import LanguageModel, Written, out_of_range, outputs_of, score_lines, translate_lines
 from lib.tasks import get_task
@@ -386,6 +387,8 @@ def main(argv=None):
         if state["kind"] != kind:
             raise ValueError(f"{directory / 'model.pt'} holds a model of kind {state['kind']!r}, but {args.task} "
                              f"is a {kind!r} task")
+        if kind == "seq2seq":  # the bound is the model's: named before any input is read
+            check_alpha(model, args.alpha, "--alpha")
         if kind == "seq2seq" and typed(args):
             translate_typed(args, model, tokenizers)
         elif kind == "seq2seq":

@@ -526,6 +526,12 @@ def test_generate_reads_stdin_and_names_what_it_cannot_use(tmp_path, trained, ca
         ["--models", str(trained), "--input", "-", "--beam-size", "3", "--n-best", "4"])
     assert "generate: error: --device 'gpu': not a device (auto, cpu, cuda, cuda:N, ...)\n" == fails(
         ["--models", str(trained), "--input", str(tmp_path / "in.txt"), "--device", "gpu"])
+    # An alpha past the model's bound, named as the flag it came from, before the input is read (it said
+    # `alpha 1000.0: ...`, and only once a line was read: at a terminal, once one had been typed)
+    stdin(b"Ein \xff Hund\n")
+    assert fails(["--models", str(trained), "--input", "-", "--alpha", "1000"]) == (
+        "generate: error: --alpha 1000.0: the length penalty ((5 + length) / 6) ** alpha overflows at this model's "
+        "longest output (64 tokens) for an alpha above 36.3 (GNMT's: 0.6 to 1)\n")
 
 
 def test_generate_interrupted_is_one_line_and_writes_nothing(tmp_path, trained, capsys, monkeypatch):

@@ -163,6 +163,27 @@ def test_a_full_disk_writing_the_metrics_keeps_the_last_samples_too(tmp_path, bu
         "metrics.json": "the last run's metrics", "samples.jsonl": "the last run's samples"}
 
 
+def test_an_alpha_past_the_models_bound_is_named_as_the_param_before_evaluating(tmp_path, built, tiny_params):
+    """An evaluate stage run after only evaluate.alpha changed (train's checks did not see it): the param is
+    named, before the test and validation losses are computed (it was `alpha 1000.0: ...`, from the search).
+    Greedy search has no length penalty: with beam_size 1 the same alpha is not used, and not refused."""
+    outputs = tmp_path / "metrics.json", tmp_path / "samples.jsonl"
+    tiny_params["cumsum"]["evaluate"].update(alpha=1000.0, beam_size=2)
+    losses = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(evaluation, "mean_loss", lambda *args: losses.append(args) or 0.0)
+        with pytest.raises(ValueError, match=re.escape(
+                "cumsum.evaluate.alpha 1000.0: the length penalty ((5 + length) / 6) ** alpha overflows at this "
+                "model's longest output (32 tokens) for an alpha above 48.8")):
+            evaluation.run("cumsum", stage_config(tiny_params, "cumsum", "evaluate"), built["data"],
+                           built["tokenizer"], built["model"], *outputs)
+    assert losses == [] and not any(path.exists() for path in outputs)
+    tiny_params["cumsum"]["evaluate"]["beam_size"] = 1
+    metrics = evaluation.run("cumsum", stage_config(tiny_params, "cumsum", "evaluate"), built["data"],
+                             built["tokenizer"], built["model"], *outputs)
+    assert "beam2" not in metrics and all(path.exists() for path in outputs)
+
+
 def test_a_wrong_output_is_a_search_error_only_where_the_model_scores_the_reference_higher():
     from lib.decoding import Hypothesis
     from lib.evaluation import search_or_model
