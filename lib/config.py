@@ -214,7 +214,8 @@ class TrainConfig:
     time_budget_minutes: float = 0.0  # stop after the epoch that passes this much training time; 0 = none
     patience: int = 0  # stop after this many epochs without a better validation loss; 0 = never
     average_last: int = 1  # model.pt: the average of the last k epochs' weights, when it validates better
-    too_long: str = "fail"  # a pair longer than model.max_len: fail (naming the key) or skip (counted in the log)
+    too_long: str = "fail"  # a train or valid pair longer than model.max_len: fail (naming the key) or skip (counted
+    # in the log). The splits evaluate decodes (test, cumsum's length study) must fit whole: train checks them first
     accumulate: int = 1  # batches whose gradients add up to one optimizer step (gradient accumulation): the
     # update of a batch k times the size, in the memory of one; epochs then have 1/k the steps
     peak_tflops: float | str = 0.0  # the hardware's peak TFLOP/s, for model FLOPs utilisation (train/mfu):

@@ -24,7 +24,7 @@ from lib.decoding import Hypothesis, check_alpha, sampled, score_outputs, transl
 from lib.metrics import perplexity
 from lib.tasks import get_task
 from lib.tokenizer import continuation, decode, encode_pairs, encode_text, lm_ids, special_ids
-from lib.training import mean_loss
+from lib.training import check_evaluated_lengths, mean_loss
 
 
 log = logging.getLogger(__name__)
@@ -59,6 +59,7 @@ def evaluate_seq2seq(task, cfg: EvaluateConfig, data_dir, tokenizer_dir, model_p
     device = torch.device("cpu")
     module = get_task(task)
     model, tokenizers, _ = checkpoint.load_trained(model_path, tokenizer_dir, device)
+    check_evaluated_lengths(task, tokenizers, data_dir, model.cfg.max_len)  # the data of another run, by hand
     if cfg.beam_size > 1:  # greedy search has no length penalty; beam search's is bounded by the model's max_len
         check_alpha(model, cfg.alpha, f"{task}.evaluate.alpha")
     ids = special_ids(tokenizers)

@@ -458,6 +458,23 @@ def fit_lengths(pairs: Pairs, max_len: int, split: str, too_long: str) -> Pairs:
     return Pairs([pairs.src[i] for i in kept], [pairs.tgt[i] for i in kept])
 
 
+def check_evaluated_lengths(task: str, tokenizers, data_dir, max_len: int):
+    """The splits the evaluate stage decodes and scores (test, and the task's EXTRA_SPLIT: cumsum's length study)
+    must fit ``max_len`` whatever train.too_long says, for evaluate has no pair it may drop: a ConfigError naming
+    the longest, before training (the evaluate stage had failed on it after training, with the model's own
+    "sequence length 35 exceeds model.max_len 32 in params.yaml")."""
+    module = get_task(task)
+    for split in ("test", *([module.EXTRA_SPLIT] if hasattr(module, "EXTRA_SPLIT") else [])):
+        pairs = encode_pairs(tokenizers, read_split(data_dir, split))
+        longest = max(max(map(len, pairs.src)), max(map(len, pairs.tgt)) + 1)  # the target with its bos or eos
+        if longest > max_len:
+            sets = getattr(module, "EXTRA_SPLIT_LONGEST", None) if split != "test" else None
+            raise ConfigError(f"train.model.max_len: {max_len} is shorter than the longest {split} sequence ({longest} "
+                              "tokens), which the evaluate stage decodes and scores; raise it"
+                              + (f", or lower {task}.{sets}" if sets else "")
+                              + " (train.too_long: skip drops training pairs only)")
+
+
 def check_budget(pairs: Pairs, max_tokens: int):
     """Warn when pairs are wider than the token budget: each of them is a batch of its own (token_budget_batches),
     one sentence a batch, and a budget meant in sentences (max_tokens: 8) makes every batch that."""
@@ -500,6 +517,7 @@ def train_seq2seq(task, cfg: TrainConfig, data_dir, tokenizer_dir, model_path, c
     valid = encode_pairs(run.tokenizers, read_split(data_dir, "valid"))
     train = fit_lengths(train, cfg.model.max_len, "train", cfg.too_long)
     valid = fit_lengths(valid, cfg.model.max_len, "valid", cfg.too_long)
+    check_evaluated_lengths(task, run.tokenizers, data_dir, cfg.model.max_len)
     check_budget(train, cfg.max_tokens)
     run.open()
 

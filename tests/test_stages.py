@@ -32,7 +32,7 @@ from lib.masks import padding_mask, target_mask
 from lib.model import build_model, parameter_counts
 from lib.optim import smoothed_loss_floor
 from lib.tasks import cumsum, run_prepare
-from tests.conftest import ROOT, TINY_PARAMS, Terminal, model_config, run_stage, torch_compile_defaults
+from tests.conftest import ROOT, TINY_PARAMS, Terminal, model_config, run_stage, shorten_splits, torch_compile_defaults
 
 
 @pytest.fixture(scope="module")
@@ -961,11 +961,48 @@ def test_max_len_below_the_data_fails_before_touching_outputs(tmp_path, built, t
     assert (tmp_path / "ckpt" / "last.pt").read_bytes() == before
 
 
+def data_with(tmp_path: Path, built: dict, **splits: pd.DataFrame) -> Path:
+    """A copy of ``built``'s data with ``splits`` (name -> frame of src, tgt) in place of its own."""
+    data = tmp_path / "data"
+    shutil.copytree(built["data"], data)
+    for name, frame in splits.items():
+        frame.reset_index(drop=True).to_parquet(data / f"{name}.parquet")
+    return data
+
+
+def test_an_evaluated_split_the_model_cannot_read_is_named_before_training(tmp_path, built, tiny_params):
+    """The length study runs to prepare.vocab_length digits, longer than training's: at a max_len that fits
+    the training pairs but not those, the evaluate stage failed after training, with the model's own `sequence
+    length ... exceeds model.max_len 7`. train.too_long: skip does not help (evaluate may drop no pair)."""
+    tiny_params["cumsum"]["train"]["epochs"] = 1
+    train_into(tmp_path, tiny_params, built)
+    before = (tmp_path / "ckpt" / "last.pt").read_bytes()
+    tiny_params["cumsum"]["train"]["model"]["max_len"] = 7  # 5 digits and an eos fit; 8 and an eos do not
+    for too_long in ("fail", "skip"):
+        tiny_params["cumsum"]["train"]["too_long"] = too_long
+        with pytest.raises(ConfigError, match=re.escape(
+                "train.model.max_len: 7 is shorter than the longest lengths sequence (9 tokens), which the evaluate "
+                "stage decodes and scores; raise it, or lower cumsum.prepare.vocab_length (train.too_long: skip drops "
+                "training pairs only)")):
+            train_into(tmp_path, tiny_params, built)
+    assert (tmp_path / "ckpt" / "last.pt").read_bytes() == before
+    # The evaluate stage, run by hand on data with a longer test sentence than its model's max_len (32): named
+    # before the losses, nothing written
+    long = pd.DataFrame({"src": [" ".join(["1"] * 40)], "tgt": [" ".join(map(str, range(1, 41)))]})
+    data = data_with(tmp_path / "other", built, test=pd.concat([pd.read_parquet(built["data"] / "test.parquet"), long]))
+    outputs = tmp_path / "metrics.json", tmp_path / "samples.jsonl"
+    with pytest.raises(ConfigError, match=r"max_len: 32 is shorter than the longest test sequence \(41 tokens\)"):
+        evaluation.run("cumsum", stage_config(tiny_params, "cumsum", "evaluate"), data, built["tokenizer"],
+                       built["model"], *outputs)
+    assert not any(path.exists() for path in outputs)
+
+
 def test_too_long_pairs_are_skipped_with_a_count_when_asked(tmp_path, built, tiny_params, caplog):
     tiny_params["cumsum"]["train"].update(epochs=1, too_long="skip")
     tiny_params["cumsum"]["train"]["model"]["max_len"] = 5  # 5-digit sequences need 6 with eos
+    shorten_splits(data := data_with(tmp_path, built), 4)  # the test split and the length study fit whole
     with caplog.at_level("WARNING", logger="lib.training"):
-        train_into(tmp_path, tiny_params, built)
+        train_into(tmp_path, tiny_params, built, data)
     five = (pd.read_parquet(built["data"] / "train.parquet")["src"].str.split().str.len() == 5).sum()
     assert f"train: skipped {five} of 400 pairs longer than train.model.max_len 5" in caplog.text and five > 0
     assert (tmp_path / "model.pt").is_file()

@@ -24,6 +24,7 @@ from lib.data import read_split
 KIND = "seq2seq"
 HEADLINE = ("greedy.exact_match", "greedy.token_accuracy", "exact_up_to_length")  # reports/index.md
 EXTRA_SPLIT = "lengths"  # evaluate decodes it too: split_metrics scores it, samples.jsonl keeps its outputs
+EXTRA_SPLIT_LONGEST = "prepare.vocab_length"  # the param that sets its longest sequence (in digits)
 
 
 @dataclass(frozen=True)
