@@ -142,9 +142,10 @@ MUTATIONS = [
     ("a model and a tokenizer from different runs let through", "lib/checkpoint.py",
      "if theirs != (state[\"src_vocab_size\"], state[\"tgt_vocab_size\"]):", "if False:", PIPELINE),
     ("an evaluated split longer than max_len found only after training", "lib/training.py",
-     "    check_evaluated_lengths(task, run.tokenizers, data_dir, cfg.model.max_len)\n", "", PIPELINE),
+     "    check_evaluated_lengths(task, {split: encode_pairs(run.tokenizers, read_split(data_dir, split))\n"
+     "                                   for split in evaluated_splits(task)}, cfg.model.max_len)\n", "", PIPELINE),
     ("an evaluated split longer than the model's max_len found only by the model, mid-evaluation",
-     "lib/evaluation.py", "    check_evaluated_lengths(task, tokenizers, data_dir, model.cfg.max_len)", "    pass", PIPELINE),
+     "lib/evaluation.py", "    check_evaluated_lengths(task, encoded, model.cfg.max_len)", "    pass", PIPELINE),
     ("d_model not divisible by n_heads let through", "lib/config.py",
      "self.d_model % self.n_heads == 0,", "True,", PIPELINE),
     ("a later stage's params checked only when it runs, after the work ahead of it", "lib/cli.py",

@@ -448,12 +448,13 @@ def check_stages_after(params: dict, task: str, stage: str):
         # From ``stage`` on: its own section the stage has checked already, but train's is read below
         cfgs = {name: stage_config(params, task, name) for name in STAGES[STAGES.index(stage):]}
         train, evaluate, report = (cfgs.get(name) for name in ("train", "evaluate", "report"))
-        if train and evaluate and get_task(task).KIND == "seq2seq" and evaluate.beam_size > 1:  # greedy: no alpha
+        kind = get_task(task).KIND
+        if train and evaluate and kind == "seq2seq" and evaluate.beam_size > 1:  # greedy: no alpha
             longest, most = train.model.max_len, largest_alpha(train.model.max_len)
             require(evaluate.alpha <= most, f"{task}.evaluate.alpha",
                     f"{evaluate.alpha}: the length penalty ((5 + length) / 6) ** alpha overflows float32 at "
                     f"{task}.train.model.max_len {longest} for an alpha above {most:.1f} (GNMT's: 0.6 to 1)")
-        if train and report and get_task(task).KIND == "lm":
+        if train and report and kind == "lm":
             require(report.passage_tokens <= train.block_size, f"{task}.report.passage_tokens",
                     f"{report.passage_tokens} is longer than the blocks the model trains on "
                     f"({task}.train.block_size {train.block_size})")

@@ -24,7 +24,7 @@ from lib.decoding import Hypothesis, check_alpha, sampled, score_outputs, transl
 from lib.metrics import perplexity
 from lib.tasks import get_task
 from lib.tokenizer import continuation, decode, encode_pairs, encode_text, lm_ids, special_ids
-from lib.training import check_evaluated_lengths, mean_loss
+from lib.training import check_evaluated_lengths, evaluated_splits, mean_loss
 
 
 log = logging.getLogger(__name__)
@@ -59,13 +59,14 @@ def evaluate_seq2seq(task, cfg: EvaluateConfig, data_dir, tokenizer_dir, model_p
     device = torch.device("cpu")
     module = get_task(task)
     model, tokenizers, _ = checkpoint.load_trained(model_path, tokenizer_dir, device)
-    check_evaluated_lengths(task, tokenizers, data_dir, model.cfg.max_len)  # the data of another run, by hand
+    frames = {split: read_split(data_dir, split) for split in evaluated_splits(task)}
+    encoded = {split: encode_pairs(tokenizers, frame) for split, frame in frames.items()}
+    check_evaluated_lengths(task, encoded, model.cfg.max_len)  # the data of another run, by hand
     if cfg.beam_size > 1:  # greedy search has no length penalty; beam search's is bounded by the model's max_len
         check_alpha(model, cfg.alpha, f"{task}.evaluate.alpha")
     ids = special_ids(tokenizers)
 
-    test = read_split(data_dir, "test")
-    pairs = encode_pairs(tokenizers, test)
+    test, pairs = frames["test"], encoded["test"]
     loss = mean_loss(model, pairs, ids, cfg.max_tokens, device)
     valid_loss = mean_loss(model, encode_pairs(tokenizers, read_split(data_dir, "valid")), ids, cfg.max_tokens,
                            device)
@@ -98,8 +99,8 @@ def evaluate_seq2seq(task, cfg: EvaluateConfig, data_dir, tokenizer_dir, model_p
                              **{name: texts for name, texts in outputs.items() if name != "greedy"})  # beam's
     extra = getattr(module, "EXTRA_SPLIT", None)  # e.g. cumsum's length study: exact match by length
     if extra:
-        frame = read_split(data_dir, extra)
-        hypotheses = greedy_texts(model, encode_pairs(tokenizers, frame), ids, tokenizers.target, cfg)
+        frame = frames[extra]
+        hypotheses = greedy_texts(model, encoded[extra], ids, tokenizers.target, cfg)
         metrics.update(module.split_metrics(frame, hypotheses, test))
         rows = sample_rows(module, extra, frame, hypotheses).assign(first=False, worst=False)
         samples = pd.concat([samples, rows], ignore_index=True)

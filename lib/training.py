@@ -441,15 +441,19 @@ def mean_loss(model, pairs: Pairs, ids: SpecialIds, max_tokens: int, device) -> 
     return total / count
 
 
+def longest_sequence(pairs: Pairs) -> int:
+    """The most positions a pair of ``pairs`` takes: its source, or its target with its bos or eos."""
+    return max(max(map(len, pairs.src)), max(map(len, pairs.tgt)) + 1)
+
+
 def fit_lengths(pairs: Pairs, max_len: int, split: str, too_long: str) -> Pairs:
     """Every sequence (with its bos or eos) must fit the positional encoding: fail, or skip the pairs that do not."""
     fits = [len(s) <= max_len and len(t) + 1 <= max_len for s, t in zip(pairs.src, pairs.tgt)]
     if all(fits):
         return pairs
     if too_long == "fail":
-        longest = max(max(map(len, pairs.src)), max(map(len, pairs.tgt)) + 1)
         raise ConfigError(f"train.model.max_len: {max_len} is shorter than the longest {split} sequence "
-                          f"({longest} tokens); raise it, or set train.too_long: skip")
+                          f"({longest_sequence(pairs)} tokens); raise it, or set train.too_long: skip")
     kept = [i for i, ok in enumerate(fits) if ok]
     log.warning("%s: skipped %d of %d pairs longer than train.model.max_len %d (train.too_long: skip)", split,
                 len(pairs) - len(kept), len(pairs), max_len)
@@ -458,17 +462,19 @@ def fit_lengths(pairs: Pairs, max_len: int, split: str, too_long: str) -> Pairs:
     return Pairs([pairs.src[i] for i in kept], [pairs.tgt[i] for i in kept])
 
 
-def check_evaluated_lengths(task: str, tokenizers, data_dir, max_len: int):
-    """The splits the evaluate stage decodes and scores (test, and the task's EXTRA_SPLIT: cumsum's length study)
-    must fit ``max_len`` whatever train.too_long says, for evaluate has no pair it may drop: a ConfigError naming
-    the longest, before training (the evaluate stage had failed on it after training, with the model's own
-    "sequence length 35 exceeds model.max_len 32 in params.yaml")."""
+def evaluated_splits(task: str) -> tuple[str, ...]:
+    """The splits the evaluate stage decodes and scores: test, and the task's EXTRA_SPLIT (cumsum's length study)."""
     module = get_task(task)
-    for split in ("test", *([module.EXTRA_SPLIT] if hasattr(module, "EXTRA_SPLIT") else [])):
-        pairs = encode_pairs(tokenizers, read_split(data_dir, split))
-        longest = max(max(map(len, pairs.src)), max(map(len, pairs.tgt)) + 1)  # the target with its bos or eos
-        if longest > max_len:
-            sets = getattr(module, "EXTRA_SPLIT_LONGEST", None) if split != "test" else None
+    return ("test", *([module.EXTRA_SPLIT] if hasattr(module, "EXTRA_SPLIT") else []))
+
+
+def check_evaluated_lengths(task: str, splits: dict[str, Pairs], max_len: int):
+    """``splits`` (``evaluated_splits``, encoded) must fit ``max_len`` whatever train.too_long says, for evaluate has
+    no pair it may drop: a ConfigError naming the longest, before training (the evaluate stage had failed on it
+    after training, with the model's own "sequence length 35 exceeds model.max_len 32 in params.yaml")."""
+    for split, pairs in splits.items():
+        if (longest := longest_sequence(pairs)) > max_len:
+            sets = getattr(get_task(task), "EXTRA_SPLIT_LONGEST", None) if split != "test" else None
             raise ConfigError(f"train.model.max_len: {max_len} is shorter than the longest {split} sequence ({longest} "
                               "tokens), which the evaluate stage decodes and scores; raise it"
                               + (f", or lower {task}.{sets}" if sets else "")
@@ -517,7 +523,8 @@ def train_seq2seq(task, cfg: TrainConfig, data_dir, tokenizer_dir, model_path, c
     valid = encode_pairs(run.tokenizers, read_split(data_dir, "valid"))
     train = fit_lengths(train, cfg.model.max_len, "train", cfg.too_long)
     valid = fit_lengths(valid, cfg.model.max_len, "valid", cfg.too_long)
-    check_evaluated_lengths(task, run.tokenizers, data_dir, cfg.model.max_len)
+    check_evaluated_lengths(task, {split: encode_pairs(run.tokenizers, read_split(data_dir, split))
+                                   for split in evaluated_splits(task)}, cfg.model.max_len)
     check_budget(train, cfg.max_tokens)
     run.open()
 

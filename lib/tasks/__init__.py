@@ -8,7 +8,8 @@ and, for seq2seq tasks, ``score(hypotheses, references)`` and
 ``sentence_score`` returning its metrics. A seq2seq task may name one more
 split to decode, ``EXTRA_SPLIT``, with ``split_metrics(frame, hypotheses,
 test)`` scoring it (cumsum: its length study, set against the test split's
-lengths) and ``EXTRA_SPLIT_LONGEST``, the param that sets its longest sequence, and ``breakdown(sources, hypotheses, references)``, more scores of
+lengths) and ``EXTRA_SPLIT_LONGEST``, the param that sets its longest
+sequence, and ``breakdown(sources, hypotheses, references)``, more scores of
 the greedy test outputs (multi30k: BLEU by source length)."""
 
 import importlib
