@@ -175,13 +175,14 @@ class Embedding(nn.Module):
     """Token embedding scaled by sqrt(C) (sec. 3.4), plus absolute positions, plus dropout.
 
     sinusoidal and learned positions are added here; rope and alibi act inside
-    attention instead, so nothing is added.
+    attention instead, so nothing is added. ``name``: the forward argument the ids come in as, for the message
+    about an id outside the vocabulary.
     """
 
-    def __init__(self, vocab_size: int, cfg: ModelConfig):
+    def __init__(self, vocab_size: int, cfg: ModelConfig, name: str = "ids"):
         super().__init__()
         self.tokens = nn.Embedding(vocab_size, cfg.d_model)
-        self.max_len = cfg.max_len
+        self.max_len, self.name = cfg.max_len, name
         if cfg.positional == "sinusoidal":
             self.positions = SinusoidalPositionalEncoding(cfg.d_model, cfg.max_len)
         elif cfg.positional == "learned":
@@ -196,10 +197,25 @@ class Embedding(nn.Module):
         if start + ids.size(1) > self.max_len:
             raise ValueError(f"sequence length {start + ids.size(1)} exceeds model.max_len {self.max_len} "
                              "in params.yaml")
+        self.check_ids(ids, start)
         x = self.tokens(ids) * self.scale
         if self.positions is not None:
             x = self.positions(x, start)
         return self.dropout(x)  # (B, T, C)
+
+    def check_ids(self, ids: torch.Tensor, start: int):
+        """An IndexError naming the first id outside the vocabulary by its row and position, where nn.Embedding says
+        "index out of range in self". On the CPU only, where it costs one pass over the ids: on a GPU the check
+        would wait for the queued kernels at every forward (CUDA's own device-side assert stops the run there),
+        and under torch.compile its branch on the ids' values would break the graph."""
+        if ids.device.type != "cpu" or ids.numel() == 0 or torch.compiler.is_compiling():
+            return
+        low, high = torch.aminmax(ids)
+        vocab_size = self.tokens.num_embeddings
+        if low.item() < 0 or high.item() >= vocab_size:  # ints: half the time of tensor comparisons
+            row, position = ((ids < 0) | (ids >= vocab_size)).nonzero()[0].tolist()
+            raise IndexError(f"{self.name}: token id {ids[row, position].item()} at row {row}, position "
+                             f"{start + position} is outside the vocabulary (ids 0 to {vocab_size - 1})")
 
 
 def _xavier_init(module: nn.Module):
@@ -215,8 +231,8 @@ class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, joint_vocab: bool):
         super().__init__()
         self.cfg = cfg
-        self.src_embed = Embedding(src_vocab_size, cfg)
-        self.tgt_embed = Embedding(tgt_vocab_size, cfg)
+        self.src_embed = Embedding(src_vocab_size, cfg, "src")
+        self.tgt_embed = Embedding(tgt_vocab_size, cfg, "tgt")
         self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
         self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
         # Pre-LN leaves the residual stream unnormalised: one final norm per stack.

@@ -214,6 +214,25 @@ def test_longer_input_than_max_len_is_a_clear_error(positional):
         model(torch.zeros(1, 11, dtype=torch.long))
 
 
+def test_an_id_outside_the_vocabulary_is_named_by_its_argument_row_and_position():
+    """nn.Embedding says only "index out of range in self"; the model names the input (src, tgt, the LM's ids), the
+    id, and where it is: its row and its position in the sequence (after the cache's ``start`` tokens)."""
+    model, ids = seq2seq(), torch.randint(1, 30, (2, 6))
+    too_big, negative = ids.clone(), ids.clone()
+    too_big[1, 4], negative[0, 2] = 30, -1
+    with pytest.raises(IndexError, match=r"^src: token id 30 at row 1, position 4 is outside the vocabulary "
+                                         r"\(ids 0 to 29\)$"):
+        logits(model, too_big, ids)
+    with pytest.raises(IndexError, match=r"^tgt: token id -1 at row 0, position 2 is outside"):
+        logits(model, ids, negative)
+    with pytest.raises(IndexError, match=r"^tgt: token id 30 at row 0, position 7 is outside"):
+        model.decode(torch.tensor([[30], [29]]), model.encode(ids, None)[0], None, None, model.new_cache(), start=7)
+    lm = TransformerLM(model_config(), 30)
+    with pytest.raises(IndexError, match=r"^ids: token id 30 at row 1, position 4 is outside .* \(ids 0 to 29\)$"):
+        lm(too_big)
+    assert lm(torch.tensor([[0, 29]])).shape == (1, 2, 30)  # both ends of the vocabulary are ids
+
+
 def test_weight_tying():
     model = Transformer(model_config(tie_embeddings=True), 30, 30, joint_vocab=True)
     assert model.generator.weight is model.tgt_embed.tokens.weight is model.src_embed.tokens.weight
