@@ -147,6 +147,10 @@ MUTATIONS = [
      "weights_only=True)", "weights_only=False)", PIPELINE),
     ("a model and a tokenizer from different runs let through", "lib/checkpoint.py",
      "if theirs != (state[\"src_vocab_size\"], state[\"tgt_vocab_size\"]):", "if False:", PIPELINE),
+    ("a split's missing text or number handed to the tokenizer", "lib/data.py",
+     "        if not texts.all():\n", "        if False:\n", PIPELINE),
+    ("an empty split let through to the stage", "lib/data.py",
+     "    if frame.empty:  #", "    if False:  #", PIPELINE),
     ("an evaluated split longer than max_len found only after training", "lib/training.py",
      "    check_evaluated_lengths(task, {split: encode_pairs(run.tokenizers, read_split(data_dir, split))\n"
      "                                   for split in evaluated_splits(task)}, cfg.model.max_len)\n", "", PIPELINE),

@@ -22,18 +22,32 @@ def split_path(data_dir: str | Path, split: str) -> Path:
     return Path(data_dir) / f"{split}.parquet"
 
 
+def not_as_prepared(path: Path, what: str) -> ValueError:
+    """The error for a split that is not what the prepare stage writes: the file, what is wrong, the way out."""
+    return ValueError(f"{path}: {what}; re-run the prepare stage")
+
+
 def read_split(data_dir: str | Path, split: str) -> pd.DataFrame:
-    """A split of a parallel task: columns ``src`` and ``tgt``, one pair per row."""
+    """A split of a parallel task: columns ``src`` and ``tgt`` of texts, one pair per row, at least one row."""
     path = split_path(data_dir, split)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: split not found (run the prepare stage first)")
     try:
         frame = pd.read_parquet(path)
     except (OSError, ValueError) as err:  # pyarrow's errors name a buffer, not the file
-        raise ValueError(f"{path}: not a readable split ({type(err).__name__}); re-run the prepare stage") from None
+        raise not_as_prepared(path, f"not a readable split ({type(err).__name__})") from None
     if not {"src", "tgt"} <= set(frame.columns):
-        raise ValueError(f"{path}: expected columns src and tgt, found {list(frame.columns)}; "
-                         "re-run the prepare stage")
+        raise not_as_prepared(path, f"expected columns src and tgt, found {list(frame.columns)}")
+    if frame.empty:  # each split is trained on, validated against or scored: none may be empty
+        raise not_as_prepared(path, "no pairs")
+    for column in ("src", "tgt"):  # what the tokenizer takes: text, where a missing value or a number stops it
+        texts = frame[column].map(lambda value: isinstance(value, str))
+        if not texts.all():
+            row = int(texts.to_numpy().argmin())
+            value = frame[column].iloc[row]
+            missing = pd.api.types.is_scalar(value) and pd.isna(value)  # None, or NaN: pandas reads both
+            found = "missing" if missing else f"{value} of type {type(value).__name__}, not a text"
+            raise not_as_prepared(path, f"row {row} (from 0): {column} is {found}")
     return frame
 
 
@@ -156,4 +170,4 @@ def read_text(data_dir: str | Path, split: str) -> str:
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
-        raise ValueError(f"{path}: not UTF-8 text at byte {err.start}; re-run the prepare stage") from None
+        raise not_as_prepared(path, f"not UTF-8 text at byte {err.start}") from None

@@ -970,6 +970,27 @@ def data_with(tmp_path: Path, built: dict, **splits: pd.DataFrame) -> Path:
     return data
 
 
+@pytest.mark.parametrize("change, found", [
+    (lambda frame: frame.assign(src=frame["src"].where(frame.index != 3, None)), "row 3 (from 0): src is missing"),
+    (lambda frame: frame.assign(tgt=range(len(frame))), "row 0 (from 0): tgt is 0 of type int64, not a text"),
+    (lambda frame: frame.iloc[:0], "no pairs"),
+])
+def test_a_split_not_as_prepare_writes_it_is_named_by_row_and_nothing_is_written(tmp_path, built, tiny_params,
+                                                                               capsys, change, found):
+    """A split edited or made by hand: a missing text, or numbers where the tokenizer takes text, stopped the
+    evaluate stage with the tokenizer's TypeError and its traceback (exit 1), an empty split with `max() arg is
+    an empty sequence`."""
+    data = data_with(tmp_path, built, test=change(pd.read_parquet(built["data"] / "test.parquet")))
+    params, outputs = tmp_path / "params.yaml", (tmp_path / "metrics.json", tmp_path / "samples.jsonl")
+    params.write_text(yaml.safe_dump(tiny_params))
+    argv = ["cumsum", "--params", str(params), "--data", str(data), "--tokenizer", str(built["tokenizer"]),
+            "--model", str(built["model"]), "--metrics", str(outputs[0]), "--samples", str(outputs[1])]
+    assert run_stage("evaluate", argv) == 2
+    assert last_line(capsys.readouterr().err) == (
+        f"evaluate@cumsum: error: {data / 'test.parquet'}: {found}; re-run the prepare stage")
+    assert not any(path.exists() for path in outputs)
+
+
 def test_an_evaluated_split_the_model_cannot_read_is_named_before_training(tmp_path, built, tiny_params):
     """The length study runs to prepare.vocab_length digits, longer than training's: at a max_len that fits
     the training pairs but not those, the evaluate stage failed after training, with the model's own `sequence
