@@ -151,6 +151,17 @@ MUTATIONS = [
      "        if not texts.all():\n", "        if False:\n", PIPELINE),
     ("an empty split let through to the stage", "lib/data.py",
      "    if frame.empty:  #", "    if False:  #", PIPELINE),
+    ("a metrics.json that is no JSON object read all the same", "lib/reporting.py",
+     "    if not isinstance(metrics, dict):\n", "    if False:\n", PIPELINE),
+    ("a samples.jsonl line that is not JSON named without its number", "lib/reporting.py",
+     'f"line {number}: not JSON ({err.msg})"', 'f"not JSON ({err.msg})"', PIPELINE),
+    ("a sample without a key the report reads let through", "lib/reporting.py",
+     "(missing := [k for k in SAMPLE_KEYS[kind] if k not in row])", "(missing := [])", PIPELINE),
+    ("a blank line of samples.jsonl taken for a sample", "lib/reporting.py",
+     "        if not line.strip():  #", "        if False:  #", PIPELINE),
+    ("another task's unreadable metrics stopping this task's report", "lib/reporting.py",
+     "        return read_metrics(path)\n    except ValueError as err:", "        return read_metrics(path)\n"
+     "    except KeyError as err:", PIPELINE),
     ("an evaluated split longer than max_len found only after training", "lib/training.py",
      "    check_evaluated_lengths(task, {split: encode_pairs(run.tokenizers, read_split(data_dir, split))\n"
      "                                   for split in evaluated_splits(task)}, cfg.model.max_len)\n", "", PIPELINE),

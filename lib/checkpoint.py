@@ -10,6 +10,11 @@ from pathlib import Path
 import torch
 
 
+def not_as_written(path: str | Path, what: str, stage: str) -> ValueError:
+    """The error for an input that is there but not as ``stage`` writes it: the file, what is wrong, the way out."""
+    return ValueError(f"{path}: {what}; re-run the {stage} stage")
+
+
 def _read_umask() -> int:
     """The process's umask. Reading it means setting it (and setting it straight back), so it is read
     once, at import, before any thread could create a file in between."""

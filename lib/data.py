@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, NamedTuple
 import pandas as pd
 import torch
 
+from lib.checkpoint import not_as_written
+
 if TYPE_CHECKING:
     from lib.tokenizer import SpecialIds
 
@@ -22,11 +24,6 @@ def split_path(data_dir: str | Path, split: str) -> Path:
     return Path(data_dir) / f"{split}.parquet"
 
 
-def not_as_prepared(path: Path, what: str) -> ValueError:
-    """The error for a split that is not what the prepare stage writes: the file, what is wrong, the way out."""
-    return ValueError(f"{path}: {what}; re-run the prepare stage")
-
-
 def read_split(data_dir: str | Path, split: str) -> pd.DataFrame:
     """A split of a parallel task: columns ``src`` and ``tgt`` of texts, one pair per row, at least one row."""
     path = split_path(data_dir, split)
@@ -35,11 +32,11 @@ def read_split(data_dir: str | Path, split: str) -> pd.DataFrame:
     try:
         frame = pd.read_parquet(path)
     except (OSError, ValueError) as err:  # pyarrow's errors name a buffer, not the file
-        raise not_as_prepared(path, f"not a readable split ({type(err).__name__})") from None
+        raise not_as_written(path, f"not a readable split ({type(err).__name__})", "prepare") from None
     if not {"src", "tgt"} <= set(frame.columns):
-        raise not_as_prepared(path, f"expected columns src and tgt, found {list(frame.columns)}")
+        raise not_as_written(path, f"expected columns src and tgt, found {list(frame.columns)}", "prepare")
     if frame.empty:  # each split is trained on, validated against or scored: none may be empty
-        raise not_as_prepared(path, "no pairs")
+        raise not_as_written(path, "no pairs", "prepare")
     for column in ("src", "tgt"):  # what the tokenizer takes: text, where a missing value or a number stops it
         texts = frame[column].map(lambda value: isinstance(value, str))
         if not texts.all():
@@ -47,7 +44,7 @@ def read_split(data_dir: str | Path, split: str) -> pd.DataFrame:
             value = frame[column].iloc[row]
             missing = pd.api.types.is_scalar(value) and pd.isna(value)  # None, or NaN: pandas reads both
             found = "missing" if missing else f"{value} of type {type(value).__name__}, not a text"
-            raise not_as_prepared(path, f"row {row} (from 0): {column} is {found}")
+            raise not_as_written(path, f"row {row} (from 0): {column} is {found}", "prepare")
     return frame
 
 
@@ -170,4 +167,4 @@ def read_text(data_dir: str | Path, split: str) -> str:
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
-        raise not_as_prepared(path, f"not UTF-8 text at byte {err.start}") from None
+        raise not_as_written(path, f"not UTF-8 text at byte {err.start}", "prepare") from None

@@ -5,6 +5,7 @@ on the CPU, from the trained weights: nothing is retrained.
 """
 
 import json
+import logging
 import math
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
 from lib import checkpoint  # noqa: E402
+from lib.checkpoint import not_as_written  # noqa: E402
 from lib.config import LENGTH_PARAM, LR_PARAM, ConfigError, flatten  # noqa: E402
 from lib.data import collate, read_split, read_text  # noqa: E402
 from lib.masks import padding_mask, target_mask  # noqa: E402
@@ -23,6 +25,8 @@ from lib.model import parameter_counts  # noqa: E402
 from lib.optim import smoothed_loss_floor  # noqa: E402
 from lib.tasks import TASKS, get_task  # noqa: E402
 from lib.tokenizer import encode_pairs, encode_text, special_ids  # noqa: E402
+
+log = logging.getLogger(__name__)
 
 
 def _format(value) -> str:
@@ -55,6 +59,60 @@ def metrics_table(metrics: dict) -> str:
     return "\n".join(lines)
 
 
+def read_metrics(path: str | Path) -> dict:
+    """The evaluate stage's metrics.json: a JSON object."""
+    path = Path(path)
+    try:
+        metrics = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise not_as_written(path, f"not UTF-8 text at byte {err.start}", "evaluate") from None
+    except json.JSONDecodeError as err:
+        where = f"line {err.lineno}, column {err.colno}"
+        raise not_as_written(path, f"not JSON at {where} ({err.msg})", "evaluate") from None
+    if not isinstance(metrics, dict):
+        raise not_as_written(path, f"a JSON {type(metrics).__name__}, where the metrics are an object", "evaluate")
+    return metrics
+
+
+# What the report reads of each sample (a row of samples.jsonl), by the kind of model.
+SAMPLE_KEYS = {"seq2seq": ("split", "source", "reference", "greedy", "correct", "score", "first", "worst"),
+               "lm": ("prompt", "sample")}
+
+
+def read_samples(path: str | Path, kind: str) -> pd.DataFrame:
+    """The evaluate stage's samples.jsonl: a JSON object a line (blank lines aside), at least one, each with
+    ``SAMPLE_KEYS[kind]``."""
+    path, rows = Path(path), []
+    try:
+        text = path.read_bytes().decode("utf-8")  # whole: a decoding error's offset is then the file's
+    except UnicodeDecodeError as err:
+        raise not_as_written(path, f"not UTF-8 text at byte {err.start}", "evaluate") from None
+    for number, line in enumerate(text.split("\n"), 1):  # not splitlines: a text may hold U+2028 as it is
+        if not line.strip():  # the last newline's empty rest, or a blank line: no sample
+            continue
+        try:
+            rows.append(row := json.loads(line))
+        except json.JSONDecodeError as err:
+            raise not_as_written(path, f"line {number}: not JSON ({err.msg})", "evaluate") from None
+        if not isinstance(row, dict) or (missing := [k for k in SAMPLE_KEYS[kind] if k not in row]):
+            found = f"no {missing[0]!r}" if isinstance(row, dict) else f"a JSON {type(row).__name__}"
+            keys = ", ".join(SAMPLE_KEYS[kind])
+            raise not_as_written(path, f"line {number}: {found}, where a sample has {keys}", "evaluate")
+    if not rows:
+        raise not_as_written(path, "no samples", "evaluate")
+    return pd.DataFrame(rows)
+
+
+def index_metrics(path: Path) -> dict:
+    """A task's metrics for the index: another task's unreadable metrics.json is its own evaluate stage's to
+    mend, so it leaves that task's row without figures, with a warning, rather than stopping this report."""
+    try:
+        return read_metrics(path)
+    except ValueError as err:
+        log.warning("%s (reports/index.md shows no metrics for it)", err)
+        return {}
+
+
 def write_index(reports_dir: Path):
     """reports/index.md: one row per task with a report, linking it, with its headline metrics.
 
@@ -67,7 +125,7 @@ def write_index(reports_dir: Path):
     rows = []
     for report in sorted(Path(reports_dir).glob("*/report.md")):
         task, metrics_path = report.parent.name, report.parent / "metrics.json"
-        flat = flatten(json.loads(metrics_path.read_text())) if metrics_path.is_file() else {}
+        flat = flatten(index_metrics(metrics_path)) if metrics_path.is_file() else {}
         patterns = getattr(get_task(task), "HEADLINE", ()) if task in TASKS else ()
         headline = [f"{k} {_format(v)}" for p in patterns for k, v in flat.items() if fnmatch(k, p)]
         rows.append({"task": f"[{task}]({task}/report.md)", "headline metrics": ", ".join(headline)})
@@ -514,10 +572,9 @@ def run(task, cfg, data_dir, tokenizer_dir, model_path, metrics_path, samples_pa
 def report_lines(task, cfg, data_dir, tokenizer_dir, model_path, metrics_path, samples_path, live_dir: Path,
                  figures_dir: Path, rel: Path) -> list[str]:
     """report.md's lines, drawing its figures into ``figures_dir``, which the report links as ``rel``."""
-    metrics = json.loads(Path(metrics_path).read_text())
-    samples = pd.read_json(samples_path, lines=True, dtype=False)  # "7" stays text
-    model, tokenizers, state = checkpoint.load_trained(model_path, tokenizer_dir)
     module = get_task(task)
+    metrics, samples = read_metrics(metrics_path), read_samples(samples_path, module.KIND)
+    model, tokenizers, state = checkpoint.load_trained(model_path, tokenizer_dir)
     if module.KIND == "lm" and cfg.passage_tokens > state["block_size"]:  # checked before anything is drawn
         raise ConfigError(f"report.passage_tokens: {cfg.passage_tokens} is longer than the blocks the model "
                           f"was trained on (train.block_size {state['block_size']})")

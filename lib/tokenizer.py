@@ -14,7 +14,7 @@ from typing import Iterable, Iterator
 import torch
 from tokenizers import Encoding, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from lib.checkpoint import atomic_dir
+from lib.checkpoint import atomic_dir, not_as_written
 from lib.config import ConfigError, TokenizeConfig
 from lib.data import Pairs
 
@@ -87,7 +87,7 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     try:
         return Tokenizer.from_file(str(path))
     except Exception as err:  # noqa: BLE001 - tokenizers raises a bare Exception for a bad file
-        raise ValueError(f"{path}: not a readable tokenizer ({err}); re-run the tokenize stage") from None
+        raise not_as_written(path, f"not a readable tokenizer ({err})", "tokenize") from None
 
 
 def load_tokenizers(directory: str | Path) -> Tokenizers:

@@ -397,6 +397,56 @@ def test_index_links_each_report_with_its_headline(built):
     assert f"exact_up_to_length {metrics['exact_up_to_length']}" in index
 
 
+SAMPLE = '{"split": "test", "source": "1 2", "reference": "1 3", "greedy": "1 3", "correct": true, "score": 1.0'
+
+
+@pytest.mark.parametrize("name, text, found", [
+    ("metrics.json", '{"loss": ', "not JSON at line 1, column 10 (Expecting value)"),
+    ("metrics.json", "[0.5]\n", "a JSON list, where the metrics are an object"),
+    ("metrics.json", "\xff{}", "not UTF-8 text at byte 0"),
+    ("samples.jsonl", "", "no samples"),
+    ("samples.jsonl", f'{SAMPLE}, "first": true, "worst": true}}\n\n{SAMPLE}, "first": true,\n',
+     "line 3: not JSON (Expecting property name enclosed in double quotes)"),
+    ("samples.jsonl", f'{SAMPLE}, "first": true}}\n', "line 1: no 'worst', where a sample has split, source, "
+     "reference, greedy, correct, score, first, worst"),
+])
+def test_an_evaluate_output_not_as_evaluate_writes_it_is_named_and_the_last_report_kept(
+        tmp_path, built, tiny_params, capsys, name, text, found):
+    """metrics.json or samples.jsonl cut short, edited by hand or empty: the report stage had stopped with
+    json's `Expecting value: line 1 column 10 (char 9)` or pandas' `Expected object or value at position
+    808449` and no file named, or with a KeyError or AttributeError and a traceback (exit 1)."""
+    shutil.copytree(built["report"].parent, reports := tmp_path / "reports" / "cumsum")
+    (reports / name).write_bytes(text.encode("latin-1") if "\xff" in text else text.encode())
+    before = (reports / "report.md").read_bytes()
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(tiny_params))
+    argv = ["cumsum", "--params", str(params), "--data", str(built["data"]), "--tokenizer", str(built["tokenizer"]),
+            "--model", str(built["model"]), "--metrics", str(reports / "metrics.json"),
+            "--samples", str(reports / "samples.jsonl"), "--live", str(reports / "train"),
+            "--out", str(reports / "report.md"), "--figures", str(reports / "figures")]
+    assert run_stage("report", argv) == 2
+    said = last_line(capsys.readouterr().err)
+    assert said == f"report@cumsum: error: {reports / name}: {found}; re-run the evaluate stage"
+    assert (reports / "report.md").read_bytes() == before
+
+
+def test_another_tasks_unreadable_metrics_leave_its_index_row_bare_with_a_warning(tmp_path, built, caplog):
+    """reports/index.md reads every task's metrics.json: one another task's evaluate stage left unreadable is
+    named, and its row has no figures, where it had stopped this task's report (its JSONDecodeError)."""
+    shutil.copytree(built["report"].parent, tmp_path / "cumsum")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "report.md").write_text("# other: report\n")
+    (tmp_path / "other" / "metrics.json").write_text("{")
+    with caplog.at_level("WARNING", logger="lib.reporting"):
+        reporting.write_index(tmp_path)
+    assert caplog.messages == [f"{tmp_path / 'other' / 'metrics.json'}: not JSON at line 1, column 2 (Expecting "
+                               "property name enclosed in double quotes); re-run the evaluate stage (reports/index.md "
+                               "shows no metrics for it)"]
+    rows = (tmp_path / "index.md").read_text().splitlines()
+    assert [row for row in rows if "[other]" in row][0].split("|")[2].strip() == ""
+    assert "greedy.exact_match" in [row for row in rows if "[cumsum]" in row][0]
+
+
 def test_raising_epochs_resumes_to_the_same_model(tmp_path, built, tiny_params):
     """Train 1 epoch, raise epochs to 2 and re-run: equal to 2 epochs straight. Params that only
     observe the run (the MFU's peak, how often it is saved) may change on the way."""
