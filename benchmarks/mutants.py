@@ -162,6 +162,11 @@ MUTATIONS = [
     ("another task's unreadable metrics stopping this task's report", "lib/reporting.py",
      "        return read_metrics(path)\n    except ValueError as err:", "        return read_metrics(path)\n"
      "    except KeyError as err:", PIPELINE),
+    ("a resumed run's best.pt checked only when copied into model.pt, after training", "lib/training.py",
+     'if self.state["best_valid_loss"] < math.inf:  #', "if False:  #", PIPELINE),
+    ("a resumed run's missing best.pt named as never trained", "lib/training.py",
+     "        if not self.best_path.is_file():\n            raise ValueError(",
+     "        if False:\n            raise ValueError(", PIPELINE),
     ("an evaluated split longer than max_len found only after training", "lib/training.py",
      "    check_evaluated_lengths(task, {split: encode_pairs(run.tokenizers, read_split(data_dir, split))\n"
      "                                   for split in evaluated_splits(task)}, cfg.model.max_len)\n", "", PIPELINE),

@@ -280,8 +280,19 @@ class Session:
         for name, generator in self.generators.items():
             generator.set_state(saved["generators"][name])
         self.state = {k: saved[k] for k in self.state}
+        if self.state["best_valid_loss"] < math.inf:  # it has validated, so finish will copy best.pt
+            self._check_best()
         log.info("resuming from %s at step %d", self.last_path, self.state["step"])
         return True
+
+    def _check_best(self):
+        """best.pt, which ``finish`` copies into model.pt as it is, there and whole: found before a resumed run
+        trains, not as an unreadable model.pt after it (copied again by every re-run, so that "re-run the train
+        stage" could not mend it) or a missing file at the end."""
+        remedy = f"delete {self.checkpoint_dir} to train from the start"
+        if not self.best_path.is_file():
+            raise ValueError(f"{self.best_path}: not found, though {self.last_path} has validated; {remedy}")
+        checkpoint.load(self.best_path, remedy=remedy)
 
     def _mismatch(self, saved: dict, length: int) -> str | None:
         """Why a saved checkpoint cannot be resumed, naming the first differing param; None if it can."""

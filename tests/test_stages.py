@@ -933,6 +933,27 @@ def test_unreadable_last_checkpoint_says_how_to_start_afresh(tmp_path, built, ti
     assert not (tmp_path / "model.pt").exists()
 
 
+@pytest.mark.parametrize("best", ["corrupt", "missing"])
+def test_an_unreadable_best_checkpoint_is_named_before_a_resumed_run_trains(tmp_path, built, tiny_params, best):
+    """The train stage copies best.pt into model.pt byte for byte: a corrupt one had become an unreadable model.pt
+    after the resumed run trained (exit 0), and each re-run copied it again, so that evaluate's "re-run the train
+    stage" could not mend it; a missing one had been a FileNotFoundError once training was done."""
+    shutil.copytree(built["checkpoints"], tmp_path / "ckpt")
+    shutil.copytree(built["live"], tmp_path / "live")
+    if best == "corrupt":
+        (tmp_path / "ckpt" / "best.pt").write_bytes(b"\x00garbage{" * 20)
+        message = r"best\.pt: not a readable checkpoint .*; delete .*ckpt to train from the start"
+    else:
+        (tmp_path / "ckpt" / "best.pt").unlink()
+        message = r"best\.pt: not found, though .*last\.pt has validated; delete .*ckpt to train from the start"
+    last = (tmp_path / "ckpt" / "last.pt").read_bytes()
+    tiny_params["cumsum"]["train"]["epochs"] += 1
+    with pytest.raises(ValueError, match=message):
+        train_into(tmp_path, tiny_params, built)
+    assert (tmp_path / "ckpt" / "last.pt").read_bytes() == last  # before a step
+    assert not (tmp_path / "model.pt").exists()
+
+
 def test_same_params_same_metrics(tmp_path, built):
     """Determinism: a second run of every stage gives the same metrics.json, decoding times aside."""
     from tests.conftest import TINY_PARAMS as params
