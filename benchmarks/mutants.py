@@ -167,6 +167,13 @@ MUTATIONS = [
     ("a resumed run's missing best.pt named as never trained", "lib/training.py",
      "        if not self.best_path.is_file():\n            raise ValueError(",
      "        if False:\n            raise ValueError(", PIPELINE),
+    ("an unreadable dvclive summary left for the resume to stop on", "lib/training.py",
+     "    if not readable:\n        log.warning(", "    if False:\n        log.warning(", PIPELINE),
+    ("a curve row that is not numbers left for pandas", "lib/training.py",
+     "        rows = [line for number, line in enumerate(lines, 2) if number not in bad]", "        rows = lines",
+     PIPELINE),
+    ("a NaN loss written back as empty dropped as a bad row", "lib/training.py",
+     'float(text or "nan")', "float(text)", PIPELINE),
     ("an evaluated split longer than max_len found only after training", "lib/training.py",
      "    check_evaluated_lengths(task, {split: encode_pairs(run.tokenizers, read_split(data_dir, split))\n"
      "                                   for split in evaluated_splits(task)}, cfg.model.max_len)\n", "", PIPELINE),

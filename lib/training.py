@@ -15,6 +15,7 @@ import contextlib
 import ctypes
 import hashlib
 import io
+import json
 import logging
 import math
 import re
@@ -149,17 +150,46 @@ def training_code(task: str) -> list[Path]:
     return sorted(found)
 
 
+def is_number(text: str) -> bool:
+    """``text`` reads as a float, or is empty: how pandas writes a NaN back ("nan" and "inf" read too)."""
+    try:
+        float(text or "nan")
+    except ValueError:
+        return False
+    return True
+
+
 def truncate_curves(live_dir: str | Path, step: int):
     """Drop metric rows logged after ``step``: a killed run logged past its last checkpoint. A last line
     without its end is a write cut short (a full disk): dropped too, rather than read as a row ("20" of
-    "201\t2.36" is step 20, its value missing)."""
+    "201\t2.36" is step 20, its value missing). So, with a warning, are a row that is not a step and numbers and
+    dvclive's summary, metrics.json, when it is not a JSON object: dvclive rewrites that file in place at every
+    validation, so a full disk or a kill mid-write empties it, and resuming, which reads it, stopped on it at
+    every re-run. The next validation writes it again."""
+    summary = Path(live_dir) / "metrics.json"
+    try:
+        readable = not summary.is_file() or isinstance(json.loads(summary.read_text(encoding="utf-8")), dict)
+    except ValueError:  # not JSON, or not UTF-8
+        readable = False
+    if not readable:
+        log.warning("%s: not a JSON object; dropped (the next validation writes it again)", summary)
+        summary.unlink()
     for tsv in (Path(live_dir) / "plots" / "metrics").rglob("*.tsv"):
-        text = tsv.read_text(encoding="utf-8")
+        text = tsv.read_text(encoding="utf-8", errors="replace")  # a byte that is no UTF-8: its row is dropped
         finished = text[:text.rfind("\n") + 1]
         if not finished:  # not even the header: dvclive writes it again with the next row
             tsv.unlink()
             continue
-        frame = pd.read_csv(io.StringIO(finished), sep="\t")
+        header, *lines = finished[:-1].split("\n")
+        width = header.count("\t") + 1
+        bad = {number for number, line in enumerate(lines, 2)  # the header is line 1
+               if len(fields := line.rstrip("\r").split("\t")) != width or not fields[0].isdigit()
+               or not all(map(is_number, fields))}
+        if bad:
+            listed = ", ".join(map(str, sorted(bad)[:5])) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+            log.warning("%s: dropped line%s %s: not a step and numbers", tsv, "s" * (len(bad) > 1), listed)
+        rows = [line for number, line in enumerate(lines, 2) if number not in bad]
+        frame = pd.read_csv(io.StringIO("\n".join([header, *rows, ""])), sep="\t")
         with checkpoint.atomic_path(tsv) as tmp:
             frame[frame["step"] <= step].to_csv(tmp, sep="\t", index=False)
 

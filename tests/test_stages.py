@@ -954,6 +954,30 @@ def test_an_unreadable_best_checkpoint_is_named_before_a_resumed_run_trains(tmp_
     assert not (tmp_path / "model.pt").exists()
 
 
+def test_a_resume_drops_an_unreadable_summary_and_curve_rows_with_a_warning(tmp_path, built, tiny_params, caplog):
+    """dvclive rewrites metrics.json in place at each validation: a full disk or a kill mid-write leaves it
+    empty, and resuming (dvclive reads it) stopped with json's `Expecting value: line 1 column 1 (char 0)`, no
+    file named, at every re-run; a curve row that is not numbers with a pandas error and its traceback.
+    Both are dropped, each named in a warning, and the run resumes; the summary is written again."""
+    shutil.copytree(built["checkpoints"], tmp_path / "ckpt")
+    shutil.copytree(built["live"], live := tmp_path / "live")
+    (live / "metrics.json").write_text("")
+    loss = live / "plots" / "metrics" / "train" / "loss.tsv"
+    lines = loss.read_text().split("\n")
+    lines[3] = "garbage\trow"  # line 4: step 3's
+    lines[5] = "5\t"  # how pandas writes a NaN loss back (a diverged step's): kept
+    loss.write_text("\n".join(lines))
+    tiny_params["cumsum"]["train"]["epochs"] += 1
+    with caplog.at_level("WARNING", logger="lib.training"):
+        assert train_into(tmp_path, tiny_params, built)["resumed"]
+    assert [m for m in caplog.messages if "dropped" in m] == [
+        f"{live / 'metrics.json'}: not a JSON object; dropped (the next validation writes it again)",
+        f"{loss}: dropped line 4: not a step and numbers"]
+    assert set(json.loads((live / "metrics.json").read_text())) >= {"train", "valid", "step"}
+    steps = pd.read_csv(loss, sep="\t")["step"].tolist()
+    assert steps == sorted(steps) and 3 not in steps and steps[:4] == [1, 2, 4, 5]
+
+
 def test_same_params_same_metrics(tmp_path, built):
     """Determinism: a second run of every stage gives the same metrics.json, decoding times aside."""
     from tests.conftest import TINY_PARAMS as params
