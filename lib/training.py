@@ -181,10 +181,10 @@ def truncate_curves(live_dir: str | Path, step: int):
             tsv.unlink()
             continue
         header, *lines = finished[:-1].split("\n")
-        width = header.count("\t") + 1
+        columns = header.rstrip("\r").split("\t")  # step and the value; a timestamp first, when one is logged
         bad = {number for number, line in enumerate(lines, 2)  # the header is line 1
-               if len(fields := line.rstrip("\r").split("\t")) != width or not fields[0].isdigit()
-               or not all(map(is_number, fields))}
+               if len(fields := line.rstrip("\r").split("\t")) != len(columns)
+               or not fields[columns.index("step")].isdigit() or not all(map(is_number, fields))}
         if bad:
             listed = ", ".join(map(str, sorted(bad)[:5])) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
             log.warning("%s: dropped line%s %s: not a step and numbers", tsv, "s" * (len(bad) > 1), listed)
