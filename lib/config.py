@@ -359,6 +359,13 @@ def largest_alpha(longest: int) -> float:
     return math.log(FLOAT32_MAX) / math.log((5 + longest) / 6)
 
 
+def first_few(items, shown: int = 5) -> str:
+    """The first ``shown`` of ``items`` (texts) for a message, and how many more there are."""
+    items = list(items)
+    rest = len(items) - shown
+    return ", ".join(items[:shown]) + (f" and {rest} more" if rest > 0 else "")
+
+
 def utf8_text(raw: bytes, name: str | Path, first_line: int = 1) -> str:
     """``raw`` decoded as UTF-8; bytes that are not are named by line (``raw`` starting at line
     ``first_line`` of ``name``), and by byte within that line. The byte-order mark some editors start a

@@ -15,7 +15,7 @@ import torch
 from tokenizers import Encoding, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from lib.checkpoint import atomic_dir, not_as_written
-from lib.config import ConfigError, TokenizeConfig
+from lib.config import ConfigError, TokenizeConfig, first_few
 from lib.data import Pairs
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
@@ -134,8 +134,7 @@ def unknown_note(text: str, encoding, unk: int) -> str | None:
     words = unknown_words(text, encoding, unk)
     if not words:
         return None
-    shown = ", ".join(map(repr, words[:5])) + (f" and {len(words) - 5} more" if len(words) > 5 else "")
-    return f"not in the model's vocabulary, read as <unk>: {shown}"
+    return f"not in the model's vocabulary, read as <unk>: {first_few(map(repr, words))}"
 
 
 def lm_ids(tokenizers, text: str, what: str) -> tuple[list[int], list[str]]:

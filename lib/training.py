@@ -32,7 +32,7 @@ from dvclive import Live
 from tqdm import tqdm
 
 from lib import checkpoint, distributed
-from lib.config import LR_PARAM, ConfigError, LMTrainConfig, TrainConfig, flatten
+from lib.config import LR_PARAM, ConfigError, LMTrainConfig, TrainConfig, first_few, flatten
 from lib.data import Pairs, collate, read_split, read_text, to_device, token_budget_batches
 from lib.masks import padding_mask, target_mask
 from lib.metrics import (BF16_KERNEL_FLAGS, NATIVE_BF16_FLAGS, PRECISION_DTYPES, cpu_flags, matmul_peak, perplexity,
@@ -186,8 +186,8 @@ def truncate_curves(live_dir: str | Path, step: int):
                if len(fields := line.rstrip("\r").split("\t")) != len(columns)
                or not fields[columns.index("step")].isdigit() or not all(map(is_number, fields))}
         if bad:
-            listed = ", ".join(map(str, sorted(bad)[:5])) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
-            log.warning("%s: dropped line%s %s: not a step and numbers", tsv, "s" * (len(bad) > 1), listed)
+            log.warning("%s: dropped line%s %s: not a step and numbers", tsv, "s" * (len(bad) > 1),
+                        first_few(map(str, sorted(bad))))
         rows = [line for number, line in enumerate(lines, 2) if number not in bad]
         frame = pd.read_csv(io.StringIO("\n".join([header, *rows, ""])), sep="\t")
         with checkpoint.atomic_path(tsv) as tmp:
@@ -482,19 +482,15 @@ def mean_loss(model, pairs: Pairs, ids: SpecialIds, max_tokens: int, device) -> 
     return total / count
 
 
-def longest_sequence(pairs: Pairs) -> int:
-    """The most positions a pair of ``pairs`` takes: its source, or its target with its bos or eos."""
-    return max(max(map(len, pairs.src)), max(map(len, pairs.tgt)) + 1)
-
-
 def fit_lengths(pairs: Pairs, max_len: int, split: str, too_long: str) -> Pairs:
     """Every sequence (with its bos or eos) must fit the positional encoding: fail, or skip the pairs that do not."""
-    fits = [len(s) <= max_len and len(t) + 1 <= max_len for s, t in zip(pairs.src, pairs.tgt)]
+    widths = pairs.widths()  # the positions each pair takes: its source, or its target with its bos or eos
+    fits = [width <= max_len for width in widths]
     if all(fits):
         return pairs
     if too_long == "fail":
         raise ConfigError(f"train.model.max_len: {max_len} is shorter than the longest {split} sequence "
-                          f"({longest_sequence(pairs)} tokens); raise it, or set train.too_long: skip")
+                          f"({max(widths)} tokens); raise it, or set train.too_long: skip")
     kept = [i for i, ok in enumerate(fits) if ok]
     log.warning("%s: skipped %d of %d pairs longer than train.model.max_len %d (train.too_long: skip)", split,
                 len(pairs) - len(kept), len(pairs), max_len)
@@ -514,7 +510,7 @@ def check_evaluated_lengths(task: str, splits: dict[str, Pairs], max_len: int):
     no pair it may drop: a ConfigError naming the longest, before training (the evaluate stage had failed on it
     after training, with the model's own "sequence length 35 exceeds model.max_len 32 in params.yaml")."""
     for split, pairs in splits.items():
-        if (longest := longest_sequence(pairs)) > max_len:
+        if (longest := max(pairs.widths())) > max_len:
             sets = getattr(get_task(task), "EXTRA_SPLIT_LONGEST", None) if split != "test" else None
             raise ConfigError(f"train.model.max_len: {max_len} is shorter than the longest {split} sequence ({longest} "
                               "tokens), which the evaluate stage decodes and scores; raise it"
