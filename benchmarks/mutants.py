@@ -230,6 +230,12 @@ MUTATIONS = [
      "if targets % block_size:", "if False:", PIPELINE),
     ("bits per character counted per token", "lib/evaluation.py",
      "/ (n_chars / len(ids))}", "}", PIPELINE),
+    ("a stage's --out=~/data written to a directory named ~", "lib/cli.py",
+     "required=True, type=os.path.expanduser,\n                            help=f\"path of the {kind} written",
+     "required=True,\n                            help=f\"path of the {kind} written", PIPELINE),
+    ("a stage's --data=~/data read from a directory named ~", "lib/cli.py",
+     "required=True, type=os.path.expanduser,\n                            help=\"path to read",
+     "required=True,\n                            help=\"path to read", PIPELINE),
     ("cumsum's training sequences not kept out of valid and test", "lib/tasks/cumsum.py",
      "if digits not in held_out:", "if True:", USER),
     ("cumsum's length study drawing training sequences", "lib/tasks/cumsum.py",
@@ -295,6 +301,15 @@ MUTATIONS = [
      "if end < 0.9 * uniform:", "if end < 0.5 * uniform:", USER),
     ("BLEU by length putting a sentence in the next group", "lib/tasks/multi30k.py",
      "if words <= high:", "if words < high:", USER),
+    ("multi30k.prepare.source ~/raw taken for a hub data set's name", "lib/tasks/multi30k.py",
+     "object.__setattr__(self, \"source\", os.path.expanduser(self.source))", "pass", USER),
+    ("shakespeare.prepare.source ~/input.txt looked for in a directory named ~", "lib/tasks/shakespeare.py",
+     "object.__setattr__(self, \"source\", os.path.expanduser(self.source))", "pass", USER),
+    ("load(\"~/models\") looking in a directory named ~", "lib/checkpoint.py",
+     "directory = Path(directory).expanduser()", "directory = Path(directory)", USER),
+    ("generate's --output=~/out.txt written under a directory named ~", "lib/generate.py",
+     "parser.add_argument(\"--output\", default=\"-\", type=os.path.expanduser,",
+     "parser.add_argument(\"--output\", default=\"-\",", USER),
 ]
 
 

@@ -198,7 +198,7 @@ def load_trained(model_path: str | Path, tokenizer_dir: str | Path, device="cpu"
 def load_directory(directory: str | Path, device="cpu", option: str = ""):
     """``load_trained`` from a models directory laid out as the pipeline writes it (model.pt, tokenizer/),
     which is named first (after ``option``, if one gave it) when it is not there, a task never built, or is
-    a file."""
-    directory = Path(directory)
+    a file. A leading ``~`` is the home directory."""
+    directory = Path(directory).expanduser()
     check_readable(directory, directory=True, option=option, writer="train")
     return load_trained(directory / "model.pt", directory / "tokenizer", device)

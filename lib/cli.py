@@ -88,7 +88,8 @@ def _leave(said: str, status: int):
 
 def stage_main(stage: str, reads: list[str], writes: dict[str, str], run, argv: list[str] | None = None):
     """Call ``run(task, cfg, args)``. ``reads`` and ``writes`` are the required --options naming paths: what the
-    stage reads (each in INPUTS), and what it writes (each a FILE or a DIRECTORY); both are checked first.
+    stage reads (each in INPUTS), and what it writes (each a FILE or a DIRECTORY); both are checked first. A
+    leading ``~`` in a path is the home directory, also where the shell leaves it (``--data=~/data``).
 
     Under torchrun each process it stops says an error, in a line of its own and in torchrun's summary; one
     met in ``run``, where it may be a process's own, names the process's rank. (A process kept quiet could
@@ -96,10 +97,13 @@ def stage_main(stage: str, reads: list[str], writes: dict[str, str], run, argv: 
     parser = argparse.ArgumentParser(prog=f"python -m stages.{stage}", description=f"The {stage} stage.")
     parser.add_argument("task", help="a task listed in params.yaml: tasks")
     for name in reads:
-        parser.add_argument(f"--{name}", required=True, help="path to read (dvc.yaml passes it)")
+        parser.add_argument(f"--{name}", required=True, type=os.path.expanduser,
+                            help="path to read (dvc.yaml passes it)")
     for name, kind in writes.items():
-        parser.add_argument(f"--{name}", required=True, help=f"path of the {kind} written (dvc.yaml passes it)")
-    parser.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
+        parser.add_argument(f"--{name}", required=True, type=os.path.expanduser,
+                            help=f"path of the {kind} written (dvc.yaml passes it)")
+    parser.add_argument("--params", default="params.yaml", type=os.path.expanduser,
+                        help="params file (default: params.yaml)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     signal.signal(signal.SIGTERM, _raise_terminated)

@@ -332,14 +332,15 @@ def prompts_given(args: argparse.Namespace):
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m lib.generate", description=__doc__.splitlines()[0])
     parser.add_argument("--task", required=True, help="a task the pipeline trained (models/<task>/)")
-    parser.add_argument("--models", help="the directory with model.pt and tokenizer/ (default: models/<task>)")
+    parser.add_argument("--models", type=os.path.expanduser,
+                        help="the directory with model.pt and tokenizer/ (default: models/<task>)")
     parser.add_argument("--device", default="cpu",
                         help="cpu (default), cuda, cuda:N, or auto (a GPU where there is one)")
-    parser.add_argument("--output", default="-",
+    parser.add_argument("--output", default="-", type=os.path.expanduser,
                         help="one translation per line (a table with --n-best or --score), or the LM's text (JSON "
                              "with --score); - for stdout (default)")
     translation = parser.add_argument_group("translation (seq2seq tasks)")
-    translation.add_argument("--input", help="one source sentence per line; - for stdin")
+    translation.add_argument("--input", type=os.path.expanduser, help="one source sentence per line; - for stdin")
     translation.add_argument("--beam-size", type=int, default=1, help="1: greedy (default)")
     translation.add_argument("--alpha", type=float, default=0.6,
                              help="beam search's (and --score's) length penalty (default 0.6)")
@@ -349,7 +350,7 @@ def main(argv=None):
     translation.add_argument("--n-best", type=int, metavar="K",
                              help="write each line's K best outputs (K <= --beam-size) with their scores, as a "
                                   "tab-separated table: " + ", ".join(N_BEST_COLUMNS))
-    parser.add_argument("--score", metavar="FILE",
+    parser.add_argument("--score", metavar="FILE", type=os.path.expanduser,
                         help="generate nothing: score the text given. Translation: one output per --input line "
                              "(say, reference translations), as beam search would rank it, in a tab-separated "
                              f"table: {', '.join(SCORE_COLUMNS)}. LM: a whole text's {', '.join(LM_SCORES)}, "
@@ -365,7 +366,7 @@ def main(argv=None):
     lm.add_argument("--num-samples", type=int, default=1,
                     help=f"continuations of the prompt, drawn one after another from the seeded generator and "
                          f"separated by a line {SAMPLE_SEPARATOR!r} (default 1; --attention draws the first's)")
-    parser.add_argument("--attention", metavar="DIR",
+    parser.add_argument("--attention", metavar="DIR", type=os.path.expanduser,
                         help="also draw the attention that wrote each output, every layer and head: DIR/attention.md "
                              "and its PNGs (three per translated line: meant for a few sentences; the LM's covers "
                              f"the first {LM_ATTENTION_TOKENS} tokens, at most its training block)")

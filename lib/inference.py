@@ -391,7 +391,7 @@ class LanguageModel:
 def load(directory: str | Path, device: str | torch.device = "cpu") -> Translator | LanguageModel:
     """The model in ``directory`` (model.pt and tokenizer/, as the train and tokenize stages write them): a
     Translator for a seq2seq model, a LanguageModel for an LM, in eval mode on ``device`` ("auto": a GPU
-    where there is one)."""
+    where there is one). A leading ``~`` in ``directory`` is the home directory."""
     model, tokenizers, state = checkpoint.load_directory(directory, device_named(device))
     if state["kind"] == "lm":
         return LanguageModel(model, tokenizers, state["block_size"])

@@ -132,6 +132,19 @@ def test_stage_command_fails_cleanly_and_writes_nothing(tmp_path, capsys, tiny_p
     assert list(tmp_path.iterdir()) == [params]
 
 
+def test_a_stage_path_starting_with_a_tilde_is_in_the_home_directory(tmp_path, monkeypatch, tiny_params):
+    """A stage's --options read a leading ~ as the home directory, also where the shell leaves it as it is
+    (--out=~/data, a quoted "~/data", a command run from Python)."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")  # where a literal "~" directory would come
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(tiny_params))
+    assert run_stage("prepare", ["cumsum", "--out=~/data", "--params=~/params.yaml"]) == 0
+    assert run_stage("tokenize", ["cumsum", "--data", "~/data", "--out", "~/tok", "--params", "~/params.yaml"]) == 0
+    assert (tmp_path / "data" / "train.parquet").is_file() and (tmp_path / "tok" / "tokenizer.json").is_file()
+    assert list((tmp_path / "cwd").iterdir()) == []
+
+
 LM_PARAMS = {"prepare": {"source": "no/such/input.txt", "train_fraction": 0.9},  # a source train never reads
              "tokenize": {"kind": "char", "min_frequency": 1},
              "train": {"seed": 0, "device": "cpu", "max_iters": 4, "batch_size": 2, "block_size": 16,

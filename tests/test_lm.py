@@ -467,6 +467,29 @@ def test_a_language_model_loaded_from_python_samples_and_scores_as_the_command_l
             call()
 
 
+def test_a_path_starting_with_a_tilde_is_in_the_home_directory(tmp_path, lm_built, monkeypatch, capsys):
+    """shakespeare.prepare.source, lib.generate's path options and lib.inference.load read a leading ~ as
+    the shell does, as the home directory: also where the shell leaves it (--models=~/models, from Python)."""
+    from lib import generate
+    from lib.inference import load
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")  # where a literal "~" directory would come
+    shutil.copyfile(lm_built["source"], tmp_path / "play.txt")
+    run_prepare("shakespeare", shakespeare.PrepareConfig(source="~/play.txt", train_fraction=0.9), tmp_path / "data")
+    assert (tmp_path / "data" / "valid.txt").read_text() == (lm_built["data"] / "valid.txt").read_text()
+    models_dir(lm_built, tmp_path)
+    run = ["--task", "shakespeare", "--models=~/models"]
+    generate.main(run + ["--prompt", "RO", "--max-new-tokens", "5", "--seed", "3", "--output=~/sample.txt",
+                         "--attention=~/att"])
+    assert (tmp_path / "sample.txt").read_text() == load("~/models").sample("RO", max_new_tokens=5, seed=3) + "\n"
+    assert (tmp_path / "att" / "attention.md").is_file()
+    generate.main(run + ["--score=~/play.txt", "--output=~/scores.json"])
+    assert json.loads((tmp_path / "scores.json").read_text())["tokens"] == len(PLAY)
+    assert list((tmp_path / "cwd").iterdir()) == [] and capsys.readouterr().err == ""
+
+
 def test_a_language_model_names_an_argument_of_the_wrong_type_before_any_work(tmp_path, lm_built, monkeypatch):
     """lib.inference for an LM: an option, a seed or a text of the wrong type is a TypeError naming it, token ids
     that are none of the vocabulary's a ValueError, before the model runs; a tensor of ids is taken as a list."""

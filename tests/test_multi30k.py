@@ -581,6 +581,23 @@ def test_a_translator_reads_input_as_the_data_was_prepared_up_to_its_max_len(tra
         assert translator.n_best(too_long, k=1) == []
 
 
+def test_a_path_starting_with_a_tilde_is_in_the_home_directory(tmp_path, trained, monkeypatch, capsys):
+    """multi30k.prepare.source ~/raw is the home directory's raw files, not a hub data set of that name; a
+    translation's --input, --models and --output read ~ as the home directory too, also where the shell leaves
+    it (--input=~/in.txt)."""
+    from lib import generate
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")  # where a literal "~" directory would come
+    run_prepare("multi30k", cfg(tiny_params("~/raw"), "prepare"), tmp_path / "home_data")
+    assert pd.read_parquet(tmp_path / "home_data" / "test.parquet")["tgt"].tolist() == ENGLISH[:6]
+    (tmp_path / "in.txt").write_text(GERMAN[1] + "\n", encoding="utf-8")
+    generate.main(["--task", "multi30k", "--models=~/models/multi30k", "--input=~/in.txt", "--output=~/out.txt"])
+    assert (tmp_path / "out.txt").read_text(encoding="utf-8") == load(trained).translate(GERMAN[1]) + "\n"
+    assert list((tmp_path / "cwd").iterdir()) == [] and capsys.readouterr().err == ""
+
+
 def test_a_translator_loaded_from_python_gives_what_the_command_line_writes(tmp_path, trained, capsys):
     """lib.inference: one sentence in, one out; a list in, a list out, warnings naming the sentence at fault
     by its index; n-best lists and scores as the command line's table gives them; the attention itself."""

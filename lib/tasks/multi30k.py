@@ -9,6 +9,7 @@ cased text against the raw references.
 """
 
 import gzip
+import os
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,7 @@ class PrepareConfig:
     tgt_lang: str  # the language translated into
 
     def __post_init__(self):
+        object.__setattr__(self, "source", os.path.expanduser(self.source))  # ~/multi30k: in the home directory
         for name in ("src_lang", "tgt_lang"):
             require(getattr(self, name) in LANGUAGES, name, f"{getattr(self, name)!r} is not one of {LANGUAGES}")
         require(self.src_lang != self.tgt_lang, "tgt_lang", "must differ from src_lang")

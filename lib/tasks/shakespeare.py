@@ -5,6 +5,7 @@ compare with published ones: the first 90% of characters train, the last 10%
 validate.
 """
 
+import os
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ class PrepareConfig:
 
     def __post_init__(self):
         require(0.0 < self.train_fraction < 1.0, "train_fraction", "must be in (0, 1)")
+        object.__setattr__(self, "source", os.path.expanduser(self.source))  # ~/input.txt: in the home directory
         if not self.source.startswith(("http://", "https://")):
             require(Path(self.source).is_file(), "source", f"{self.source}: no such file")
 
