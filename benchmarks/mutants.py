@@ -236,6 +236,8 @@ MUTATIONS = [
     ("a stage's --data=~/data read from a directory named ~", "lib/cli.py",
      "required=True, type=os.path.expanduser,\n                            help=\"path to read",
      "required=True,\n                            help=\"path to read", PIPELINE),
+    ("cumsum's alphabet read unchecked (a missing one: Python's Errno 2)", "lib/tasks/cumsum.py",
+     "    check_readable(alphabet_path, writer=\"prepare\")\n", "", PIPELINE),
     ("cumsum's training sequences not kept out of valid and test", "lib/tasks/cumsum.py",
      "if digits not in held_out:", "if True:", USER),
     ("cumsum's length study drawing training sequences", "lib/tasks/cumsum.py",

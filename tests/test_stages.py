@@ -1086,6 +1086,20 @@ def test_a_split_not_as_prepare_writes_it_is_named_by_row_and_nothing_is_written
     assert not any(path.exists() for path in outputs)
 
 
+def test_a_missing_alphabet_is_named_with_the_stage_that_writes_it(tmp_path, built, tiny_params, capsys):
+    """cumsum's vocabulary takes every digit and sum from prepare's alphabet.txt: without it, the tokenize
+    stage stopped with Python's `[Errno 2] No such file or directory`."""
+    data = data_with(tmp_path, built)
+    (data / "alphabet.txt").unlink()
+    params, tokenizer_dir = tmp_path / "params.yaml", tmp_path / "tok"
+    params.write_text(yaml.safe_dump(tiny_params))
+    assert run_stage("tokenize", ["cumsum", "--params", str(params), "--data", str(data),
+                                  "--out", str(tokenizer_dir)]) == 2
+    assert last_line(capsys.readouterr().err) == (
+        f"tokenize@cumsum: error: {data / 'alphabet.txt'}: not found (run the prepare stage first)")
+    assert not tokenizer_dir.exists()
+
+
 def test_an_evaluated_split_the_model_cannot_read_is_named_before_training(tmp_path, built, tiny_params):
     """The length study runs to prepare.vocab_length digits, longer than training's: at a max_len that fits
     the training pairs but not those, the evaluate stage failed after training, with the model's own `sequence

@@ -18,6 +18,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from lib.checkpoint import check_readable
 from lib.config import ConfigError, check_seed, require
 from lib.data import read_split
 
@@ -190,7 +191,9 @@ def tokenizer_texts(cfg, data_dir: Path, side: str) -> list[str]:
         raise ConfigError(f"cumsum.tokenize.min_frequency: {cfg.min_frequency}, but cumsum's vocabulary is closed "
                           "(every digit and every sum the task can produce): it must be 1")
     train = read_split(data_dir, "train")
-    alphabet = (Path(data_dir) / "alphabet.txt").read_text().strip()
+    alphabet_path = Path(data_dir) / "alphabet.txt"
+    check_readable(alphabet_path, writer="prepare")
+    alphabet = alphabet_path.read_text().strip()
     sources = train["src"].tolist() if side in ("source", "both") else []
     targets = train["tgt"].tolist() + [alphabet] if side in ("target", "both") else []
     return sources + targets
