@@ -173,6 +173,12 @@ LM_OPTIONS = ("prompt", "max_new_tokens", "temperature", "top_k", "top_p", "seed
 GENERATION_OPTIONS = {"seq2seq": ("beam_size", "max_extra_tokens", "n_best"), "lm": LM_OPTIONS}
 
 
+def replaces(output: str, path: str) -> bool:
+    """Whether ``write_text(output, ...)`` replaces the file at ``path``: the file that ``output``'s links lead
+    to. (A device is written into, not replaced: /dev/stdout may be the terminal /dev/stdin reads.)"""
+    return os.path.isfile(output) and os.path.realpath(output) == os.path.realpath(path)
+
+
 def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace, kind: str):
     """One error naming every option that is missing, out of range, or set but meant for the other kind of task."""
     flag = lambda dest: "--" + dest.replace("_", "-")  # noqa: E731
@@ -194,6 +200,10 @@ def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace, kin
             errors.append(f"{', '.join(generating)}: not with --score (it scores the text given; nothing is generated)")
         if args.score == "-" and args.input == "-":
             errors.append("--input and --score cannot both be stdin")
+    # --output is replaced whole, once the inputs are read: an input it names would be lost
+    errors += [f"--output {args.output}: the {option} file; the outputs would replace it (name another file)"
+               for option, path in (("--input", args.input), ("--score", args.score))
+               if path and path != "-" and replaces(args.output, path)]
     others = LM_OPTIONS if kind == "seq2seq" else TRANSLATION_OPTIONS
     if misplaced := [flag(dest) for dest in others if getattr(args, dest) != parser.get_default(dest)]:
         errors.append(f"{', '.join(misplaced)}: not for {args.task} "

@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -424,6 +425,33 @@ def test_generate_scores_a_text_over_every_token_after_the_first(tmp_path, lm_bu
         ["--score", str(tmp_path / "text.txt"), "--prompt", "RO", "--top-k", "3"])
     assert "generate: error: --seed -9223372036854775809: must be in [-2**63, 2**64) (what torch's generator " \
         "takes)\n" == fails(["--prompt", "RO", "--seed", str(-2 ** 63 - 1)])
+
+
+def test_generate_refuses_an_output_that_would_replace_what_it_reads(tmp_path, lm_built, capsys):
+    """--output is replaced whole once the inputs are read: naming the --input or --score file (or a link to
+    it) lost that text, the sources replaced by their translations. Refused before the model loads; a hard
+    link is another name of the file, and stays as it was when --output replaces the other."""
+    from lib import generate
+
+    models = models_dir(lm_built, tmp_path)
+    text = tmp_path / "text.txt"
+    text.write_text(PLAY[:40], encoding="utf-8")
+    (tmp_path / "link.txt").symlink_to(text)
+    for task, args in [("shakespeare", ["--models", str(models), "--score", str(text)]),
+                       ("multi30k", ["--models", str(tmp_path / "nowhere"), "--input", str(text)])]:
+        option = args[2]
+        for output in (text, tmp_path / "link.txt", tmp_path / ".." / tmp_path.name / "text.txt"):
+            with pytest.raises(SystemExit) as exit_info:
+                generate.main(["--task", task, *args, "--output", str(output)])
+            assert exit_info.value.code == 2 and capsys.readouterr().err == (
+                f"generate: error: --output {output}: the {option} file; the outputs would replace it (name "
+                "another file)\n")
+    assert text.read_text(encoding="utf-8") == PLAY[:40]
+    os.link(text, tmp_path / "hard.txt")
+    generate.main(["--task", "shakespeare", "--models", str(models), "--score", str(text), "--output",
+                   str(tmp_path / "hard.txt")])
+    assert json.loads((tmp_path / "hard.txt").read_text())["tokens"] == 40
+    assert text.read_text(encoding="utf-8") == PLAY[:40]
 
 
 def test_a_language_model_loaded_from_python_samples_and_scores_as_the_command_line(tmp_path, lm_built, capsys):
