@@ -203,7 +203,7 @@ def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace, kin
     # --output is replaced whole, once the inputs are read: an input it names would be lost
     errors += [f"--output {args.output}: the {option} file; the outputs would replace it (name another file)"
                for option, path in (("--input", args.input), ("--score", args.score))
-               if path and path != "-" and replaces(args.output, path)]
+               if path and "-" not in (path, args.output) and replaces(args.output, path)]
     others = LM_OPTIONS if kind == "seq2seq" else TRANSLATION_OPTIONS
     if misplaced := [flag(dest) for dest in others if getattr(args, dest) != parser.get_default(dest)]:
         errors.append(f"{', '.join(misplaced)}: not for {args.task} "

@@ -427,7 +427,7 @@ def test_generate_scores_a_text_over_every_token_after_the_first(tmp_path, lm_bu
         "takes)\n" == fails(["--prompt", "RO", "--seed", str(-2 ** 63 - 1)])
 
 
-def test_generate_refuses_an_output_that_would_replace_what_it_reads(tmp_path, lm_built, capsys):
+def test_generate_refuses_an_output_that_would_replace_what_it_reads(tmp_path, lm_built, capsys, monkeypatch):
     """--output is replaced whole once the inputs are read: naming the --input or --score file (or a link to
     it) lost that text, the sources replaced by their translations. Refused before the model loads; a hard
     link is another name of the file, and stays as it was when --output replaces the other."""
@@ -452,6 +452,10 @@ def test_generate_refuses_an_output_that_would_replace_what_it_reads(tmp_path, l
                    str(tmp_path / "hard.txt")])
     assert json.loads((tmp_path / "hard.txt").read_text())["tokens"] == 40
     assert text.read_text(encoding="utf-8") == PLAY[:40]
+    monkeypatch.chdir(tmp_path)  # a file named "-" read as ./-: the default --output - is stdout, not that file
+    os.link(text, tmp_path / "-")
+    generate.main(["--task", "shakespeare", "--models", str(models), "--score", "./-"])
+    assert json.loads(capsys.readouterr().out)["tokens"] == 40
 
 
 def test_a_language_model_loaded_from_python_samples_and_scores_as_the_command_line(tmp_path, lm_built, capsys):
