@@ -64,6 +64,20 @@ INPUTS = {"data": (DIRECTORY, "prepare"), "tokenizer": (DIRECTORY, "tokenize"), 
           "live": (DIRECTORY, "train"), "metrics": (FILE, "evaluate"), "samples": (FILE, "evaluate")}
 
 
+def check_apart(paths: dict[str, str], writes: list[str]):
+    """Each path a stage writes (``writes``, by option) must neither be nor hold another path it is given
+    (``paths``, by option: what it reads, --params, its other outputs), their links followed: a stage
+    replaces what it writes whole, a directory with all it holds, so that other path would be lost."""
+    for out in writes:
+        written = os.path.realpath(paths[out])
+        for name, path in paths.items():
+            other = os.path.realpath(path)
+            if name != out and os.path.commonpath([written, other]) == written:
+                how = "is" if other == written else "holds"
+                raise ValueError(f"--{out} {paths[out]}: {how} --{name} {path}, which writing it would lose "
+                                 "(name another path)")
+
+
 def _say(line: str):
     """``line`` to stderr in one write: torchrun's processes share a terminal, and print's two writes (the
     text, then the newline) from two processes splice their lines into one."""
@@ -110,6 +124,7 @@ def stage_main(stage: str, reads: list[str], writes: dict[str, str], run, argv: 
     who = f"{stage}@{args.task}"
     started = False
     try:
+        check_apart({name: getattr(args, name) for name in [*reads, *writes, "params"]}, list(writes))
         params = load_params(args.params)
         cfg = stage_config(params, args.task, stage)
         check_stages_after(params, args.task, stage)

@@ -4,6 +4,7 @@ import copy
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -143,6 +144,37 @@ def test_a_stage_path_starting_with_a_tilde_is_in_the_home_directory(tmp_path, m
     assert run_stage("tokenize", ["cumsum", "--data", "~/data", "--out", "~/tok", "--params", "~/params.yaml"]) == 0
     assert (tmp_path / "data" / "train.parquet").is_file() and (tmp_path / "tok" / "tokenizer.json").is_file()
     assert list((tmp_path / "cwd").iterdir()) == []
+
+
+@pytest.mark.parametrize("stage, paths, message", [
+    ("tokenize", {"data": "data", "out": "data"}, "--out data: is --data data"),
+    ("tokenize", {"data": "data", "out": "."}, "--out .: holds --data data"),
+    ("evaluate", {"data": "data", "tokenizer": "tok", "model": "model.pt", "metrics": "out.json",
+                  "samples": "out.json"}, "--metrics out.json: is --samples out.json"),
+    ("evaluate", {"data": "data", "tokenizer": "tok", "model": "model.pt", "metrics": "params.yaml",
+                  "samples": "samples.jsonl"}, "--metrics params.yaml: is --params params.yaml"),
+    ("train", {"data": "data", "tokenizer": "tok", "model": "ckpt/model.pt", "checkpoints": "ckpt", "live": "live"},
+     "--checkpoints ckpt: holds --model ckpt/model.pt"),
+    ("train", {"data": "data", "tokenizer": "tok", "model": "model.pt", "checkpoints": "ckpt", "live": "link"},
+     "--live link: is --data data"),
+])
+def test_a_stage_output_that_is_or_holds_another_of_its_paths_is_refused(tmp_path, monkeypatch, capsys, tiny_params,
+                                                                          stage, paths, message):
+    """A stage replaces what it writes whole (a directory with all it holds): run by hand (under torchrun,
+    say) with `--out` naming its `--data`, the tokenize stage put its tokenizer where the data had been, the
+    data gone. Each output is checked against every other path the stage is given, links followed."""
+    monkeypatch.chdir(tmp_path)
+    Path("params.yaml").write_text(yaml.safe_dump(tiny_params))
+    assert run_stage("prepare", ["cumsum", "--out", "data"]) == 0
+    (tmp_path / "link").symlink_to("data")
+    before = {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()}
+    argv = [part for name, path in paths.items() for part in (f"--{name}", path)]
+    assert run_stage(stage, ["cumsum", *argv]) == 2
+    assert capsys.readouterr().err.endswith(f"{stage}@cumsum: error: {message}, which writing it would lose (name "
+                                            "another path)\n")
+    assert {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()} == before
+    assert run_stage("tokenize", ["cumsum", "--data", "data", "--out", "data/tok"]) == 0  # into it, none lost
+    assert (tmp_path / "data" / "tok" / "tokenizer.json").is_file() and (tmp_path / "data" / "train.parquet").exists()
 
 
 LM_PARAMS = {"prepare": {"source": "no/such/input.txt", "train_fraction": 0.9},  # a source train never reads
