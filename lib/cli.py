@@ -68,12 +68,11 @@ def check_apart(paths: dict[str, str], writes: list[str]):
     """Each path a stage writes (``writes``, by option) must neither be nor hold another path it is given
     (``paths``, by option: what it reads, --params, its other outputs), their links followed: a stage
     replaces what it writes whole, a directory with all it holds, so that other path would be lost."""
+    real = {name: os.path.realpath(path) for name, path in paths.items()}
     for out in writes:
-        written = os.path.realpath(paths[out])
         for name, path in paths.items():
-            other = os.path.realpath(path)
-            if name != out and os.path.commonpath([written, other]) == written:
-                how = "is" if other == written else "holds"
+            if name != out and os.path.commonpath([real[out], real[name]]) == real[out]:
+                how = "is" if real[name] == real[out] else "holds"
                 raise ValueError(f"--{out} {paths[out]}: {how} --{name} {path}, which writing it would lose "
                                  "(name another path)")
 

@@ -59,13 +59,19 @@ def metrics_table(metrics: dict) -> str:
     return "\n".join(lines)
 
 
+def evaluate_text(path: Path) -> str:
+    """An evaluate output's text, read whole: a byte that is not UTF-8 is named by its offset in the file."""
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise not_as_written(path, f"not UTF-8 text at byte {err.start}", "evaluate") from None
+
+
 def read_metrics(path: str | Path) -> dict:
     """The evaluate stage's metrics.json: a JSON object."""
     path = Path(path)
     try:
-        metrics = json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as err:
-        raise not_as_written(path, f"not UTF-8 text at byte {err.start}", "evaluate") from None
+        metrics = json.loads(evaluate_text(path))
     except json.JSONDecodeError as err:
         where = f"line {err.lineno}, column {err.colno}"
         raise not_as_written(path, f"not JSON at {where} ({err.msg})", "evaluate") from None
@@ -83,11 +89,7 @@ def read_samples(path: str | Path, kind: str) -> pd.DataFrame:
     """The evaluate stage's samples.jsonl: a JSON object a line (blank lines aside), at least one, each with
     ``SAMPLE_KEYS[kind]``."""
     path, rows = Path(path), []
-    try:
-        text = path.read_bytes().decode("utf-8")  # whole: a decoding error's offset is then the file's
-    except UnicodeDecodeError as err:
-        raise not_as_written(path, f"not UTF-8 text at byte {err.start}", "evaluate") from None
-    for number, line in enumerate(text.split("\n"), 1):  # not splitlines: a text may hold U+2028 as it is
+    for number, line in enumerate(evaluate_text(path).split("\n"), 1):  # not splitlines: a text may hold U+2028 as it is
         if not line.strip():  # the last newline's empty rest, or a blank line: no sample
             continue
         try:
