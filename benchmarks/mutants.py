@@ -327,6 +327,15 @@ MUTATIONS = [
     ("generate's --output=~/out.txt written under a directory named ~", "lib/generate.py",
      "parser.add_argument(\"--output\", default=\"-\", type=os.path.expanduser,",
      "parser.add_argument(\"--output\", default=\"-\",", USER),
+    ("generate's --output let replace the model.pt it loads, --attention draw into tokenizer/", "lib/generate.py",
+     "if path and path != \"-\" and (name := model_file_at(path, directory)):", "if False:", USER),
+    ("generate's outputs compared with the models' files by name, not by the files their links lead to",
+     "lib/generate.py", "real = os.path.realpath(path)", "real = os.path.abspath(path)", USER),
+    ("generate's outputs let go into tokenizer/ and checkpoints/, only model.pt refused", "lib/generate.py",
+     "if os.path.commonpath([real, held := os.path.realpath(directory / name)]) == held), None)",
+     "if real == (held := os.path.realpath(directory / name))), None)", USER),
+    ("generate's outputs let go into the tokenizer the pipeline wrote", "lib/generate.py",
+     "\"tokenizer\": \"tokenize\", ", "", USER),
 ]
 
 

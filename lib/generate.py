@@ -179,8 +179,23 @@ def replaces(output: str, path: str) -> bool:
     return os.path.isfile(output) and os.path.realpath(output) == os.path.realpath(path)
 
 
-def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace, kind: str):
-    """One error naming every option that is missing, out of range, or set but meant for the other kind of task."""
+# What the pipeline writes in a models directory (dvc.yaml's outs), by the stage that writes it: nothing generate
+# writes may go there. model.pt replaced loses the trained model; a file more in tokenizer/ or checkpoints/ makes
+# `dvc repro` take that output for changed and run its stage again (tokenizer/ removed first, the file with it).
+MODEL_FILES = {"model.pt": "train", "tokenizer": "tokenize", "checkpoints": "train"}
+
+
+def model_file_at(path: str, directory: Path) -> str | None:
+    """Which of ``directory``'s MODEL_FILES ``path`` is or is in, links followed on both sides; None for none."""
+    real = os.path.realpath(path)
+    return next((name for name in MODEL_FILES
+                 if os.path.commonpath([real, held := os.path.realpath(directory / name)]) == held), None)
+
+
+def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace, kind: str, directory: Path):
+    """One error naming every option that is missing, out of range, or set but meant for the other kind of task,
+    and every output that would replace what it reads (--input, --score) or what ``directory``, the models
+    directory, holds."""
     flag = lambda dest: "--" + dest.replace("_", "-")  # noqa: E731
     if kind == "seq2seq":
         errors = [] if args.input else ["--input is required to translate or score (a file, or - for stdin)"]
@@ -204,6 +219,11 @@ def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace, kin
     errors += [f"--output {args.output}: the {option} file; the outputs would replace it (name another file)"
                for option, path in (("--input", args.input), ("--score", args.score))
                if path and "-" not in (path, args.output) and replaces(args.output, path)]
+    for option, path in (("--output", args.output), ("--attention", args.attention)):
+        if path and path != "-" and (name := model_file_at(path, directory)):
+            how = "is" if os.path.realpath(path) == os.path.realpath(directory / name) else "is in"
+            errors.append(f"{option} {path}: {how} {directory / name}, which the {MODEL_FILES[name]} stage wrote; "
+                          "writing there would replace or change it (name a path outside it)")
     others = LM_OPTIONS if kind == "seq2seq" else TRANSLATION_OPTIONS
     if misplaced := [flag(dest) for dest in others if getattr(args, dest) != parser.get_default(dest)]:
         errors.append(f"{', '.join(misplaced)}: not for {args.task} "
@@ -388,11 +408,11 @@ def main(argv=None):
         if args.attention:
             checkpoint.check_writable(args.attention, directory=True, option="--attention")
         kind = get_task(args.task).KIND
-        check_options(parser, args, kind)  # before the model loads
+        directory = Path(args.models or Path("models") / args.task)
+        check_options(parser, args, kind, directory)  # before the model loads
         for option, path in (("--input", args.input), ("--score", args.score)):
             if path and path != "-":
                 checkpoint.check_readable(path, option=option)
-        directory = Path(args.models or Path("models") / args.task)
         model, tokenizers, state = checkpoint.load_directory(directory, device_named(args.device, "--device"),
                                                              "--models" if args.models else "")
         if state["kind"] != kind:

@@ -458,6 +458,43 @@ def test_generate_refuses_an_output_that_would_replace_what_it_reads(tmp_path, l
     assert json.loads(capsys.readouterr().out)["tokens"] == 40
 
 
+def test_generate_writes_nothing_into_the_models_files(tmp_path, lm_built, capsys, monkeypatch):
+    """--output models/<task>/model.pt replaced the trained model with the outputs (the next load: "not a
+    readable checkpoint"), and a file or --attention's figures put in tokenizer/ would make `dvc repro` take
+    that output for changed and run every stage again. Refused before the model loads, links followed, with
+    the default models directory too; a file beside model.pt is the user's, and is written."""
+    from lib import generate
+
+    models = models_dir(lm_built, tmp_path)
+    (models / "checkpoints").mkdir()
+    text = tmp_path / "text.txt"
+    text.write_text(PLAY[:40], encoding="utf-8")
+    (tmp_path / "link.pt").symlink_to(models / "model.pt")
+    before = {path: path.read_bytes() for path in models.rglob("*") if path.is_file()}
+    score = ["--task", "shakespeare", "--models", str(models), "--score", str(text)]
+    said = "which the {} stage wrote; writing there would replace or change it (name a path outside it)"
+    for option, path, how, stage in [("--output", models / "model.pt", f"is {models / 'model.pt'}", "train"),
+                                     ("--output", tmp_path / "link.pt", f"is {models / 'model.pt'}", "train"),
+                                     ("--output", models / "tokenizer" / "new.txt", f"is in {models / 'tokenizer'}",
+                                      "tokenize"),
+                                     ("--attention", models / "tokenizer", f"is {models / 'tokenizer'}", "tokenize"),
+                                     ("--attention", models / "checkpoints" / "figures",
+                                      f"is in {models / 'checkpoints'}", "train")]:
+        with pytest.raises(SystemExit) as exit_info:
+            generate.main([*score, option, str(path)])
+        assert exit_info.value.code == 2 and capsys.readouterr().err == (
+            f"generate: error: {option} {path}: {how}, {said.format(stage)}\n")
+    assert {path: path.read_bytes() for path in models.rglob("*") if path.is_file()} == before
+    monkeypatch.chdir(tmp_path)  # the default directory, models/<task>
+    shutil.copytree(models, tmp_path / "models" / "shakespeare", symlinks=True)
+    with pytest.raises(SystemExit):
+        generate.main(["--task", "shakespeare", "--score", str(text), "--output", "models/shakespeare/model.pt"])
+    assert capsys.readouterr().err == ("generate: error: --output models/shakespeare/model.pt: is "
+                                       f"models/shakespeare/model.pt, {said.format('train')}\n")
+    generate.main([*score, "--output", str(models / "scores.json")])
+    assert json.loads((models / "scores.json").read_text())["tokens"] == 40
+
+
 def test_a_language_model_loaded_from_python_samples_and_scores_as_the_command_line(tmp_path, lm_built, capsys):
     """lib.inference for an LM: the same samples from the same seed (several from one generator), the
     same scores, the causal self-attention, warnings for what it cannot read, errors naming the option."""
