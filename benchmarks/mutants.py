@@ -336,6 +336,8 @@ MUTATIONS = [
      "if real == (held := os.path.realpath(directory / name))), None)", USER),
     ("generate's outputs let go into the tokenizer the pipeline wrote", "lib/generate.py",
      "\"tokenizer\": \"tokenize\", ", "", USER),
+    ("generate's unknown --task named as the params' tasks list, not as the option", "lib/generate.py",
+     "required=True, choices=TASKS,", "required=True,", USER),
 ]
 
 

@@ -41,7 +41,7 @@ from lib.data import Pairs, collate
 from lib.decoding import check_alpha
 from lib.distributed import device_named
 from lib.inference import LanguageModel, Written, out_of_range, outputs_of, score_lines, translate_lines
-from lib.tasks import get_task
+from lib.tasks import TASKS, get_task
 from lib.tokenizer import continuation, lm_ids, special_ids
 
 
@@ -361,7 +361,7 @@ def prompts_given(args: argparse.Namespace):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m lib.generate", description=__doc__.splitlines()[0])
-    parser.add_argument("--task", required=True, help="a task the pipeline trained (models/<task>/)")
+    parser.add_argument("--task", required=True, choices=TASKS, help="a task the pipeline trained (models/<task>/)")
     parser.add_argument("--models", type=os.path.expanduser,
                         help="the directory with model.pt and tokenizer/ (default: models/<task>)")
     parser.add_argument("--device", default="cpu",

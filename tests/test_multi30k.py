@@ -526,6 +526,10 @@ def test_generate_reads_stdin_and_names_what_it_cannot_use(tmp_path, trained, ca
         ["--models", str(trained), "--input", "-", "--beam-size", "3", "--n-best", "4"])
     assert "generate: error: --device 'gpu': not a device (auto, cpu, cuda, cuda:N, ...)\n" == fails(
         ["--models", str(trained), "--input", str(tmp_path / "in.txt"), "--device", "gpu"])
+    with pytest.raises(SystemExit) as exit_info:  # named as the option it came from (it said `tasks: unknown task`)
+        generate.main(["--task", "multi30K", "--input", "-"])
+    said = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "argument --task: invalid choice: 'multi30K'" in said and "multi30k" in said
     # An alpha past the model's bound, named as the flag it came from, before the input is read (it said
     # `alpha 1000.0: ...`, and only once a line was read: at a terminal, once one had been typed)
     stdin(b"Ein \xff Hund\n")
