@@ -338,6 +338,11 @@ MUTATIONS = [
      "\"tokenizer\": \"tokenize\", ", "", USER),
     ("generate's unknown --task named as the params' tasks list, not as the option", "lib/generate.py",
      "required=True, choices=TASKS,", "required=True,", USER),
+    ("generate's --attention let be its --output (the figures made, then the output lost)", "lib/generate.py",
+     "if args.attention and args.output != \"-\" and os.path.commonpath(", "if False and os.path.commonpath(", USER),
+    ("generate's --attention let be under its --output, only the same path refused", "lib/generate.py",
+     "attention := os.path.realpath(args.attention)]) == output:",
+     "attention := os.path.realpath(args.attention)]) == output == attention:", USER),
 ]
 
 

@@ -219,6 +219,11 @@ def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace, kin
     errors += [f"--output {args.output}: the {option} file; the outputs would replace it (name another file)"
                for option, path in (("--input", args.input), ("--score", args.score))
                if path and "-" not in (path, args.output) and replaces(args.output, path)]
+    # --attention's directory is made first, then --output is written: in it would be a file; under it, none
+    if args.attention and args.output != "-" and os.path.commonpath(
+            [output := os.path.realpath(args.output), attention := os.path.realpath(args.attention)]) == output:
+        errors.append(f"--attention {args.attention}: {'is' if attention == output else 'is in'} --output "
+                      f"{args.output}, the file the outputs go to (name another directory)")
     for option, path in (("--output", args.output), ("--attention", args.attention)):
         if path and path != "-" and (name := model_file_at(path, directory)):
             how = "is" if os.path.realpath(path) == os.path.realpath(directory / name) else "is in"

@@ -520,6 +520,13 @@ def test_generate_reads_stdin_and_names_what_it_cannot_use(tmp_path, trained, ca
         ["--models", str(trained), "--input", str(tmp_path / "in.txt"), "--output", str(tmp_path)])
     assert f"--attention {tmp_path / 'in.txt'}: a file is there, where a directory is written" in fails(
         ["--models", str(trained), "--input", "-", "--attention", str(tmp_path / "in.txt")])
+    # neither there yet: the figures' directory was made, then writing --output into it failed, the work lost
+    for attention, how in [(tmp_path / "out", "is"), (tmp_path / "out" / "figures", "is in")]:
+        assert fails(["--models", str(trained), "--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "out"),
+                      "--attention", str(attention)]) == (
+            f"generate: error: --attention {attention}: {how} --output {tmp_path / 'out'}, the file the outputs go to "
+            "(name another directory)\n")
+    assert not (tmp_path / "out").exists()
     assert "generate: error: --alpha -1.0: must be >= 0; --prompt, --top-k: not for multi30k (translation)\n" == fails(
         ["--models", str(trained), "--input", "-", "--alpha", "-1", "--prompt", "Ein", "--top-k", "5"])
     assert "--n-best 4: must be in [1, --beam-size 3] (the beam holds that many outputs)" in fails(
