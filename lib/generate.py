@@ -185,11 +185,10 @@ def replaces(output: str, path: str) -> bool:
 MODEL_FILES = {"model.pt": "train", "tokenizer": "tokenize", "checkpoints": "train"}
 
 
-def model_file_at(path: str, directory: Path) -> str | None:
-    """Which of ``directory``'s MODEL_FILES ``path`` is or is in, links followed on both sides; None for none."""
-    real = os.path.realpath(path)
-    return next((name for name in MODEL_FILES
-                 if os.path.commonpath([real, held := os.path.realpath(directory / name)]) == held), None)
+def placed(path: str | Path, within: str | Path) -> str:
+    """"is" where ``path`` is ``within``, "is in" where it is inside it, links followed on both sides; "" else."""
+    real, held = os.path.realpath(path), os.path.realpath(within)
+    return "is" if real == held else "is in" if os.path.commonpath([real, held]) == held else ""
 
 
 def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace, kind: str, directory: Path):
@@ -220,15 +219,13 @@ def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace, kin
                for option, path in (("--input", args.input), ("--score", args.score))
                if path and "-" not in (path, args.output) and replaces(args.output, path)]
     # --attention's directory is made first, then --output is written: in it would be a file; under it, none
-    if args.attention and args.output != "-" and os.path.commonpath(
-            [output := os.path.realpath(args.output), attention := os.path.realpath(args.attention)]) == output:
-        errors.append(f"--attention {args.attention}: {'is' if attention == output else 'is in'} --output "
-                      f"{args.output}, the file the outputs go to (name another directory)")
-    for option, path in (("--output", args.output), ("--attention", args.attention)):
-        if path and path != "-" and (name := model_file_at(path, directory)):
-            how = "is" if os.path.realpath(path) == os.path.realpath(directory / name) else "is in"
-            errors.append(f"{option} {path}: {how} {directory / name}, which the {MODEL_FILES[name]} stage wrote; "
-                          "writing there would replace or change it (name a path outside it)")
+    if args.attention and args.output != "-" and (how := placed(args.attention, args.output)):
+        errors.append(f"--attention {args.attention}: {how} --output {args.output}, the file the outputs go to "
+                      "(name another directory)")
+    errors += [f"{option} {path}: {how} {directory / name}, which the {stage} stage wrote; writing there would "
+               "replace or change it (name a path outside it)"
+               for option, path in (("--output", args.output), ("--attention", args.attention)) if path and path != "-"
+               for name, stage in MODEL_FILES.items() if (how := placed(path, directory / name))]
     others = LM_OPTIONS if kind == "seq2seq" else TRANSLATION_OPTIONS
     if misplaced := [flag(dest) for dest in others if getattr(args, dest) != parser.get_default(dest)]:
         errors.append(f"{', '.join(misplaced)}: not for {args.task} "

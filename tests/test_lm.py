@@ -461,7 +461,7 @@ def test_generate_refuses_an_output_that_would_replace_what_it_reads(tmp_path, l
 def test_generate_writes_nothing_into_the_models_files(tmp_path, lm_built, capsys, monkeypatch):
     """--output models/<task>/model.pt replaced the trained model with the outputs (the next load: "not a
     readable checkpoint"), and a file or --attention's figures put in tokenizer/ would make `dvc repro` take
-    that output for changed and run every stage again. Refused before the model loads, links followed, with
+    that output for changed and run its stage again. Refused before the model loads, links followed, with
     the default models directory too; a file beside model.pt is the user's, and is written."""
     from lib import generate
 
