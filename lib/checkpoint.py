@@ -5,6 +5,7 @@ import pickle
 import shutil
 import tempfile
 from contextlib import contextmanager
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 import torch
@@ -42,6 +43,23 @@ def check_writable(path: str | Path, directory: bool = False, option: str = ""):
     else:
         return
     raise ValueError(f"{_named(path, option)}: {problem} (move it or name another path)")
+
+
+def check_replaceable(path: str | Path, holds: tuple[str, ...], option: str = "", writer: str = ""):
+    """Raise a ValueError naming ``path`` (after ``option``, as check_writable) when it is a directory that
+    holds anything but what the ``writer`` stage writes there (``holds``: the names, as fnmatch patterns).
+    The stage replaces the directory whole (training started afresh clears it), so a mistyped path, the
+    models directory for its tokenizer/ say, would lose all the rest. Checked before the work."""
+    path = Path(path)
+    if not path.is_dir():
+        return
+    others = sorted(entry.name + "/" * entry.is_dir() for entry in path.iterdir()
+                    if not any(fnmatchcase(entry.name, pattern) for pattern in holds))
+    if others:
+        those, them = ("that", "it") if len(others) == 1 else ("those", "them")
+        shown = ", ".join(others[:4]) + (f" and {len(others) - 4} more" if len(others) > 4 else "")
+        raise ValueError(f"{_named(path, option)}: holds {shown}, which the {writer} stage does not write; it "
+                         f"replaces the directory whole, so {those} would be lost (move {them} or name another path)")
 
 
 def _named(path: Path, option: str) -> str:

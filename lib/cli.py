@@ -12,7 +12,7 @@ import sys
 import time
 import traceback
 
-from lib.checkpoint import check_readable, check_writable
+from lib.checkpoint import check_readable, check_replaceable, check_writable
 from lib.config import ConfigError, check_stages_after, load_params, stage_config
 
 
@@ -62,6 +62,11 @@ FILE, DIRECTORY = "file", "directory"  # what a stage reads or writes at a path
 # What each input a stage reads (by its --option) is, and the stage that writes it: dvc.yaml's flow of data.
 INPUTS = {"data": (DIRECTORY, "prepare"), "tokenizer": (DIRECTORY, "tokenize"), "model": (FILE, "train"),
           "live": (DIRECTORY, "train"), "metrics": (FILE, "evaluate"), "samples": (FILE, "evaluate")}
+# What each directory a stage writes holds (by stage and --option; fnmatch patterns of the names in it): the
+# stage replaces it whole, or clears it when training starts afresh, so one that holds anything else is refused.
+HOLDS = {("prepare", "out"): ("*.parquet", "*.txt"), ("tokenize", "out"): ("*.json",),
+         ("train", "checkpoints"): ("*.pt", ".*.tmp"), ("train", "live"): ("metrics.json", "plots"),
+         ("report", "figures"): ("*.png",)}
 
 
 def check_apart(paths: dict[str, str], writes: list[str]):
@@ -129,6 +134,8 @@ def stage_main(stage: str, reads: list[str], writes: dict[str, str], run, argv: 
         check_stages_after(params, args.task, stage)
         for name, kind in writes.items():
             check_writable(getattr(args, name), kind == DIRECTORY, f"--{name}")
+            if kind == DIRECTORY:
+                check_replaceable(getattr(args, name), HOLDS[stage, name], f"--{name}", stage)
         for name in reads:  # dvc repro checks them itself; a stage run by hand (under torchrun, say) here
             kind, writer = INPUTS[name]
             check_readable(getattr(args, name), kind == DIRECTORY, f"--{name}", writer)

@@ -32,6 +32,18 @@ def run_tree(command: list[str], timeout: float, **kwargs) -> subprocess.Complet
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
+def check_rerunnable(outputs: dict[tuple[str, str], Path]):
+    """Each directory a stage wrote (by stage and --option) holds only what lib.cli.HOLDS says it writes
+    there, so that running the stage again over it is not refused (and the check is not vacuous: each holds
+    something)."""
+    from lib.checkpoint import check_replaceable
+    from lib.cli import HOLDS
+
+    for (stage, option), path in outputs.items():
+        assert any(path.iterdir()), path
+        check_replaceable(path, HOLDS[stage, option], f"--{option}", stage)
+
+
 def run_stage(stage: str, argv: list[str]) -> int:
     """``python -m stages.<stage> *argv``'s exit status, run in this process (the stage's main, as the command
     runs it): a command's own process spends most of a failing stage's 5 seconds importing torch. Its

@@ -18,7 +18,7 @@ from lib.decoding import sample, top_k_filter
 from lib.model import TransformerLM
 from lib.optim import cosine_lr, weight_decay_groups
 from lib.tasks import run_prepare, shakespeare
-from tests.conftest import ROOT, Terminal, model_config
+from tests.conftest import ROOT, Terminal, check_rerunnable, model_config
 
 PLAY = "".join(
     f"{name}:\nWhat say you, {other}, to this {thing}?\nI say the {thing} is fair.\n\n"
@@ -56,6 +56,13 @@ def models_dir(lm_built, tmp_path) -> Path:
     shutil.copytree(lm_built["tok"], models / "tokenizer")
     shutil.copyfile(lm_built["model"], models / "model.pt")
     return models
+
+
+def test_every_directory_the_lms_stages_wrote_is_one_they_may_write_again(lm_built):
+    """The LM's data is text (train.txt, valid.txt), not parquet: what HOLDS lets prepare replace too."""
+    check_rerunnable({("prepare", "out"): lm_built["data"], ("tokenize", "out"): lm_built["tok"],
+                      ("train", "checkpoints"): lm_built["ckpt"], ("train", "live"): lm_built["live"],
+                      ("report", "figures"): lm_built["figures"]})
 
 
 def test_divergence_names_the_lms_learning_rate_param(lm_built, tmp_path):

@@ -22,7 +22,7 @@ from lib.config import ConfigError, ReportConfig, stage_config
 from lib.data import read_split
 from lib.inference import Output, Translator, load
 from lib.tasks import multi30k, run_prepare
-from tests.conftest import ROOT
+from tests.conftest import ROOT, check_rerunnable
 
 SHARED = ROOT.parent / "shared" / "data" / "multi30k"
 
@@ -210,6 +210,8 @@ def test_trains_evaluates_and_ties_embeddings(tmp_path, corpus, joint):
     assert model.generator.weight is model.tgt_embed.tokens.weight
     assert (model.src_embed.tokens.weight is model.tgt_embed.tokens.weight) == joint
     assert state["joint_vocab"] == joint and summary["step"] > 0
+    check_rerunnable({("prepare", "out"): paths[0], ("tokenize", "out"): paths[1], ("train", "checkpoints"): paths[3],
+                      ("train", "live"): paths[4]})  # source.json and target.json, when not joint
     params["multi30k"]["evaluate"]["beam_size"] = 3
     reports = tmp_path / "reports" / "multi30k"
     metrics = evaluation.run("multi30k", cfg(params, "evaluate"), paths[0], paths[1], paths[2],

@@ -25,14 +25,15 @@ import torch
 import yaml
 
 from lib import checkpoint, evaluation, reporting, tokenizer, training
-from lib.cli import DIRECTORY, FILE, INPUTS
+from lib.cli import DIRECTORY, FILE, HOLDS, INPUTS
 from lib.config import ConfigError, stage_config
 from lib.data import collate, read_split, read_text, token_budget_batches
 from lib.masks import padding_mask, target_mask
 from lib.model import build_model, parameter_counts
 from lib.optim import smoothed_loss_floor
 from lib.tasks import cumsum, run_prepare
-from tests.conftest import ROOT, TINY_PARAMS, Terminal, model_config, run_stage, shorten_splits, torch_compile_defaults
+from tests.conftest import (ROOT, TINY_PARAMS, Terminal, check_rerunnable, model_config, run_stage, shorten_splits,
+                            torch_compile_defaults)
 
 
 @pytest.fixture(scope="module")
@@ -846,6 +847,36 @@ def test_an_output_that_cannot_be_written_is_named_before_any_work(tmp_path, cap
     assert capsys.readouterr().err == (f"{stage}@cumsum: error: --{option} {paths[option]}: {problem} (move it or "
                                        "name another path)\n")
     assert on_disk(tmp_path) == before
+
+
+@pytest.mark.parametrize("stage, option", HOLDS)
+def test_a_directory_output_holding_what_the_stage_does_not_write_is_refused(tmp_path, capsys, stage, option):
+    """A stage replaces a directory it writes whole (training started afresh clears its checkpoints and
+    curves), so `tokenize --out models/cumsum`, meant for models/cumsum/tokenizer, deleted the trained model
+    and its checkpoints, exit 0. A directory that holds anything the stage does not write there stops it
+    before any work (none of its inputs exist here): one line naming what would be lost, exit status 2, the
+    directory as it was."""
+    module = STAGES[stage]
+    paths = {name: tmp_path / name for name in [*module.READS, *module.WRITES]}
+    paths[option].mkdir()
+    (paths[option] / "notes.md").write_text("the user's notes")
+    (paths[option] / "old").mkdir()
+    before = on_disk(tmp_path)
+    argv = ["cumsum", "--params", str(ROOT / "params.yaml")]
+    assert run_stage(stage, argv + [arg for name, path in paths.items() for arg in (f"--{name}", str(path))]) == 2
+    assert capsys.readouterr().err == (
+        f"{stage}@cumsum: error: --{option} {paths[option]}: holds notes.md, old/, which the {stage} stage does not "
+        "write; it replaces the directory whole, so those would be lost (move them or name another path)\n")
+    assert on_disk(tmp_path) == before
+
+
+def test_every_directory_a_stage_wrote_is_one_it_may_write_again(built):
+    """What the stages wrote (cumsum's; the LM's and multi30k's in their tests) is what HOLDS lets them replace."""
+    outputs = {("prepare", "out"): built["data"], ("tokenize", "out"): built["tokenizer"],
+               ("train", "checkpoints"): built["checkpoints"], ("train", "live"): built["live"],
+               ("report", "figures"): built["figures"]}
+    assert set(outputs) == set(HOLDS)
+    check_rerunnable(outputs)
 
 
 @pytest.mark.parametrize("stage, option", [(stage, option) for stage, module in STAGES.items()
