@@ -875,7 +875,8 @@ def test_every_directory_a_stage_wrote_is_one_it_may_write_again(built):
     outputs = {("prepare", "out"): built["data"], ("tokenize", "out"): built["tokenizer"],
                ("train", "checkpoints"): built["checkpoints"], ("train", "live"): built["live"],
                ("report", "figures"): built["figures"]}
-    assert set(outputs) == set(HOLDS)
+    assert set(outputs) == set(HOLDS) == {(stage, option) for stage, module in STAGES.items()
+                                          for option, kind in module.WRITES.items() if kind == DIRECTORY}
     check_rerunnable(outputs)
 
 
