@@ -64,7 +64,10 @@ INPUTS = {"data": (DIRECTORY, "prepare"), "tokenizer": (DIRECTORY, "tokenize"), 
           "live": (DIRECTORY, "train"), "metrics": (FILE, "evaluate"), "samples": (FILE, "evaluate")}
 # What each directory a stage writes holds (by stage and --option; fnmatch patterns of the names in it): the
 # stage replaces it whole, or clears it when training starts afresh, so one that holds anything else is refused.
-HOLDS = {("prepare", "out"): ("*.parquet", "*.txt"), ("tokenize", "out"): ("*.json",),
+# prepare's are named one by one: a text source copied in beside the splits (input.txt) would go with them.
+PREPARED_FILES = tuple(f"{split}.{kind}" for split in ("train", "valid", "test", "lengths")
+                       for kind in ("parquet", "txt"))
+HOLDS = {("prepare", "out"): (*PREPARED_FILES, "alphabet.txt"), ("tokenize", "out"): ("*.json",),
          ("train", "checkpoints"): ("*.pt", ".*.tmp"), ("train", "live"): ("metrics.json", "plots"),
          ("report", "figures"): ("*.png",)}
 

@@ -859,14 +859,15 @@ def test_a_directory_output_holding_what_the_stage_does_not_write_is_refused(tmp
     module = STAGES[stage]
     paths = {name: tmp_path / name for name in [*module.READS, *module.WRITES]}
     paths[option].mkdir()
+    (paths[option] / "input.txt").write_text("a text source, copied in")  # prepare writes texts, but not this one
     (paths[option] / "notes.md").write_text("the user's notes")
     (paths[option] / "old").mkdir()
     before = on_disk(tmp_path)
     argv = ["cumsum", "--params", str(ROOT / "params.yaml")]
     assert run_stage(stage, argv + [arg for name, path in paths.items() for arg in (f"--{name}", str(path))]) == 2
     assert capsys.readouterr().err == (
-        f"{stage}@cumsum: error: --{option} {paths[option]}: holds notes.md, old/, which the {stage} stage does not "
-        "write; it replaces the directory whole, so those would be lost (move them or name another path)\n")
+        f"{stage}@cumsum: error: --{option} {paths[option]}: holds input.txt, notes.md, old/, which the {stage} stage "
+        "does not write; it replaces the directory whole, so those would be lost (move them or name another path)\n")
     assert on_disk(tmp_path) == before
 
 
