@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+from lib.config import first_few
+
 
 def not_as_written(path: str | Path, what: str, stage: str) -> ValueError:
     """The error for an input that is there but not as ``stage`` writes it: the file, what is wrong, the way out."""
@@ -57,9 +59,15 @@ def check_replaceable(path: str | Path, holds: tuple[str, ...], option: str = ""
                     if not any(fnmatchcase(entry.name, pattern) for pattern in holds))
     if others:
         those, them = ("that", "it") if len(others) == 1 else ("those", "them")
-        shown = ", ".join(others[:4]) + (f" and {len(others) - 4} more" if len(others) > 4 else "")
-        raise ValueError(f"{_named(path, option)}: holds {shown}, which the {writer} stage does not write; it "
-                         f"replaces the directory whole, so {those} would be lost (move {them} or name another path)")
+        raise ValueError(f"{_named(path, option)}: holds {first_few(others, 4)}, which the {writer} stage does not "
+                         f"write; it replaces the directory whole, so {those} would be lost (move {them} or name "
+                         "another path)")
+
+
+def placed(path: str | Path, within: str | Path) -> str:
+    """"is" where ``path`` is ``within``, "is in" where it is inside it, links followed on both sides; "" else."""
+    real, held = os.path.realpath(path), os.path.realpath(within)
+    return "is" if real == held else "is in" if os.path.commonpath([real, held]) == held else ""
 
 
 def _named(path: Path, option: str) -> str:

@@ -12,7 +12,7 @@ import sys
 import time
 import traceback
 
-from lib.checkpoint import check_readable, check_replaceable, check_writable
+from lib.checkpoint import check_readable, check_replaceable, check_writable, placed
 from lib.config import ConfigError, check_stages_after, load_params, stage_config
 
 
@@ -76,13 +76,11 @@ def check_apart(paths: dict[str, str], writes: list[str]):
     """Each path a stage writes (``writes``, by option) must neither be nor hold another path it is given
     (``paths``, by option: what it reads, --params, its other outputs), their links followed: a stage
     replaces what it writes whole, a directory with all it holds, so that other path would be lost."""
-    real = {name: os.path.realpath(path) for name, path in paths.items()}
     for out in writes:
         for name, path in paths.items():
-            if name != out and os.path.commonpath([real[out], real[name]]) == real[out]:
-                how = "is" if real[name] == real[out] else "holds"
-                raise ValueError(f"--{out} {paths[out]}: {how} --{name} {path}, which writing it would lose "
-                                 "(name another path)")
+            if name != out and (how := placed(path, paths[out])):
+                raise ValueError(f"--{out} {paths[out]}: {'is' if how == 'is' else 'holds'} --{name} {path}, which "
+                                 "writing it would lose (name another path)")
 
 
 def _say(line: str):

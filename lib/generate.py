@@ -176,19 +176,13 @@ GENERATION_OPTIONS = {"seq2seq": ("beam_size", "max_extra_tokens", "n_best"), "l
 def replaces(output: str, path: str) -> bool:
     """Whether ``write_text(output, ...)`` replaces the file at ``path``: the file that ``output``'s links lead
     to. (A device is written into, not replaced: /dev/stdout may be the terminal /dev/stdin reads.)"""
-    return os.path.isfile(output) and os.path.realpath(output) == os.path.realpath(path)
+    return os.path.isfile(output) and checkpoint.placed(output, path) == "is"
 
 
 # What the pipeline writes in a models directory (dvc.yaml's outs), by the stage that writes it: nothing generate
 # writes may go there. model.pt replaced loses the trained model; a file more in tokenizer/ or checkpoints/ makes
 # `dvc repro` take that output for changed and run its stage again (tokenizer/ removed first, the file with it).
 MODEL_FILES = {"model.pt": "train", "tokenizer": "tokenize", "checkpoints": "train"}
-
-
-def placed(path: str | Path, within: str | Path) -> str:
-    """"is" where ``path`` is ``within``, "is in" where it is inside it, links followed on both sides; "" else."""
-    real, held = os.path.realpath(path), os.path.realpath(within)
-    return "is" if real == held else "is in" if os.path.commonpath([real, held]) == held else ""
 
 
 def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace, kind: str, directory: Path):
@@ -219,13 +213,13 @@ def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace, kin
                for option, path in (("--input", args.input), ("--score", args.score))
                if path and "-" not in (path, args.output) and replaces(args.output, path)]
     # --attention's directory is made first, then --output is written: in it would be a file; under it, none
-    if args.attention and args.output != "-" and (how := placed(args.attention, args.output)):
+    if args.attention and args.output != "-" and (how := checkpoint.placed(args.attention, args.output)):
         errors.append(f"--attention {args.attention}: {how} --output {args.output}, the file the outputs go to "
                       "(name another directory)")
     errors += [f"{option} {path}: {how} {directory / name}, which the {stage} stage wrote; writing there would "
                "replace or change it (name a path outside it)"
                for option, path in (("--output", args.output), ("--attention", args.attention)) if path and path != "-"
-               for name, stage in MODEL_FILES.items() if (how := placed(path, directory / name))]
+               for name, stage in MODEL_FILES.items() if (how := checkpoint.placed(path, directory / name))]
     others = LM_OPTIONS if kind == "seq2seq" else TRANSLATION_OPTIONS
     if misplaced := [flag(dest) for dest in others if getattr(args, dest) != parser.get_default(dest)]:
         errors.append(f"{', '.join(misplaced)}: not for {args.task} "

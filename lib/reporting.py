@@ -89,7 +89,8 @@ def read_samples(path: str | Path, kind: str) -> pd.DataFrame:
     """The evaluate stage's samples.jsonl: a JSON object a line (blank lines aside), at least one, each with
     ``SAMPLE_KEYS[kind]``."""
     path, rows = Path(path), []
-    for number, line in enumerate(evaluate_text(path).split("\n"), 1):  # not splitlines: a text may hold U+2028 as it is
+    # split at "\n", not splitlines: a text may hold U+2028 as it is
+    for number, line in enumerate(evaluate_text(path).split("\n"), 1):
         if not line.strip():  # the last newline's empty rest, or a blank line: no sample
             continue
         try:
