@@ -355,6 +355,15 @@ MUTATIONS = [
     ("generate's --attention let be under its --output, only the same path refused", "lib/generate.py",
      "(how := checkpoint.placed(args.attention, args.output)):",
      "(how := checkpoint.placed(args.attention, args.output)) == \"is\":", USER),
+    ("generate's --output let take a figure's name in --attention (--output figs/attention.md replaced the index)",
+     "lib/generate.py", "elif args.attention and args.output != \"-\" and takes_a_figure(args.output, args.attention):",
+     "elif False:", USER),
+    ("generate's --output by a figure's name in --attention refused, but not a link leading there", "lib/generate.py",
+     "for path in (output, os.path.realpath(output)))", "for path in (output,))", USER),
+    ("generate's --output refused anywhere in --attention, not only by a figure's name", "lib/generate.py",
+     "and any(fnmatchcase(Path(path).name, pattern) for pattern in FIGURE_FILES)", "", USER),
+    ("generate's --output by a line's figure name let replace it in --attention", "lib/generate.py",
+     ", \"*_attention_line*.png\")", ")", USER),
 ]
 
 

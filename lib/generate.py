@@ -30,6 +30,7 @@ import json
 import os
 import sys
 import tempfile
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 import torch
@@ -151,6 +152,10 @@ def draw_lm_attention(lm: LanguageModel, tokens: list[int], figures: Path, what:
             "![self-attention](self_attention.png)", ""]
 
 
+# The names write_figures puts in --attention (fnmatch patterns): an --output there by one of them would replace it.
+FIGURE_FILES = ("attention.md", "self_attention.png", "*_attention_line*.png")
+
+
 def write_figures(out_dir: Path, draw):
     """``draw(figures)`` writes PNGs into a temporary directory beside ``out_dir`` and returns the lines of
     attention.md; every file then moves into ``out_dir`` (created if need be; other files there are left
@@ -177,6 +182,14 @@ def replaces(output: str, path: str) -> bool:
     """Whether ``write_text(output, ...)`` replaces the file at ``path``: the file that ``output``'s links lead
     to. (A device is written into, not replaced: /dev/stdout may be the terminal /dev/stdin reads.)"""
     return os.path.isfile(output) and checkpoint.placed(output, path) == "is"
+
+
+def takes_a_figure(output: str, attention: str) -> bool:
+    """Whether ``output``, written after the figures, replaces one: it, or the file its links lead to, is in
+    the ``attention`` directory by a name in FIGURE_FILES."""
+    return any(checkpoint.placed(Path(path).parent, attention) == "is"
+               and any(fnmatchcase(Path(path).name, pattern) for pattern in FIGURE_FILES)
+               for path in (output, os.path.realpath(output)))
 
 
 # What the pipeline writes in a models directory (dvc.yaml's outs), by the stage that writes it: nothing generate
@@ -216,6 +229,9 @@ def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace, kin
     if args.attention and args.output != "-" and (how := checkpoint.placed(args.attention, args.output)):
         errors.append(f"--attention {args.attention}: {how} --output {args.output}, the file the outputs go to "
                       "(name another directory)")
+    elif args.attention and args.output != "-" and takes_a_figure(args.output, args.attention):
+        errors.append(f"--output {args.output}: in --attention {args.attention}, by a name the figures take "
+                      f"({', '.join(FIGURE_FILES)}); the outputs would replace one (name another file)")
     errors += [f"{option} {path}: {how} {directory / name}, which the {stage} stage wrote; writing there would "
                "replace or change it (name a path outside it)"
                for option, path in (("--output", args.output), ("--attention", args.attention)) if path and path != "-"

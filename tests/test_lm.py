@@ -1,5 +1,6 @@
 """The decoder-only LM task: split, blocks, weight decay groups, sampling, and its stages."""
 
+import fnmatch
 import json
 import math
 import os
@@ -377,6 +378,8 @@ def test_generate_continues_a_prompt(tmp_path, lm_built, capsys):
     generate.main(run + ["--prompt", "ROMEO:\n", "--top-p", "0.9", "--seed", "3", "--attention", str(tmp_path / "att")])
     assert capsys.readouterr().out == first  # seeded, and drawing its attention changes nothing
     assert sorted(p.name for p in (tmp_path / "att").iterdir()) == ["attention.md", "self_attention.png"]
+    assert all(any(fnmatch.fnmatchcase(p.name, pattern) for pattern in generate.FIGURE_FILES)  # what --output may not
+               for p in (tmp_path / "att").iterdir())
     assert "The first 16 tokens of the prompt" in (tmp_path / "att" / "attention.md").read_text()  # its block size
     generate.main(run + ["--prompt", "ROMEO:\n", "--top-p", "0.9", "--seed", "3", "--num-samples", "3"])
     samples = capsys.readouterr().out.split(generate.SAMPLE_SEPARATOR + "\n")

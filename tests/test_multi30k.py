@@ -1,5 +1,6 @@
 """The multi30k task on a tiny parallel corpus the tests write: loading, bad data, BPE, BLEU, training."""
 
+import fnmatch
 import gzip
 import io
 import os
@@ -455,10 +456,12 @@ def test_generate_draws_the_attention_that_wrote_each_output(tmp_path, trained, 
     (tmp_path / "in.txt").write_text("\n".join([GERMAN[0], "", GERMAN[1]]) + "\n", encoding="utf-8")
     out_dir = tmp_path / "attention"
     generate.main(["--task", "multi30k", "--models", str(trained), "--input", str(tmp_path / "in.txt"),
-                   "--output", str(tmp_path / "out.txt"), "--attention", str(out_dir)])
-    outputs = (tmp_path / "out.txt").read_text(encoding="utf-8").split("\n")
-    assert sorted(p.name for p in out_dir.iterdir()) == ["attention.md"] + sorted(
+                   "--output", str(out_dir / "out.txt"), "--attention", str(out_dir)])
+    outputs = (out_dir / "out.txt").read_text(encoding="utf-8").split("\n")
+    assert sorted(p.name for p in out_dir.iterdir()) == ["attention.md", "out.txt"] + sorted(  # a name of its own
         f"{kind}_attention_line{n}.png" for kind in ("cross", "decoder_self", "encoder_self") for n in (1, 3))
+    assert all(any(fnmatch.fnmatchcase(p.name, pattern) for pattern in generate.FIGURE_FILES)  # what --output may not
+               for p in out_dir.iterdir() if p.name != "out.txt")
     assert all((out_dir / name).stat().st_size > 0 for name in os.listdir(out_dir))
     page = (out_dir / "attention.md").read_text(encoding="utf-8")
     assert f"- output: `{outputs[2]}`" in page and "## Line 2" not in page and "](./cross_attention_line3.png)" in page
@@ -478,12 +481,12 @@ def test_generate_draws_the_attention_that_wrote_each_output(tmp_path, trained, 
             rows, columns = weights.shape[-2:]
             torch.testing.assert_close(maps[kind][layer][:, :rows, :columns], weights[0], msg=kind)
 
-    before = (tmp_path / "out.txt").read_text(encoding="utf-8")
+    before = (out_dir / "out.txt").read_text(encoding="utf-8")
     with pytest.raises(SystemExit):
         generate.main(["--task", "multi30k", "--models", str(trained), "--input", str(tmp_path / "in.txt"),
-                       "--output", str(tmp_path / "out.txt"), "--attention", str(tmp_path / "in.txt")])
+                       "--output", str(out_dir / "out.txt"), "--attention", str(tmp_path / "in.txt")])
     assert "generate: error: --attention " in capsys.readouterr().err
-    assert (tmp_path / "out.txt").read_text(encoding="utf-8") == before
+    assert (out_dir / "out.txt").read_text(encoding="utf-8") == before
 
 
 def test_generate_reads_stdin_and_names_what_it_cannot_use(tmp_path, trained, capsys, monkeypatch):
@@ -529,6 +532,15 @@ def test_generate_reads_stdin_and_names_what_it_cannot_use(tmp_path, trained, ca
             f"generate: error: --attention {attention}: {how} --output {tmp_path / 'out'}, the file the outputs go to "
             "(name another directory)\n")
     assert not (tmp_path / "out").exists()
+    # the figures are drawn, then --output written: by one of their names in their directory, it replaced one
+    (tmp_path / "link.txt").symlink_to(tmp_path / "figs" / "cross_attention_line1.png")
+    for output in (tmp_path / "figs" / "attention.md", tmp_path / "link.txt"):
+        assert fails(["--models", str(trained), "--input", str(tmp_path / "in.txt"), "--output", str(output),
+                      "--attention", str(tmp_path / "figs")]) == (
+            f"generate: error: --output {output}: in --attention {tmp_path / 'figs'}, by a name the figures take "
+            "(attention.md, self_attention.png, *_attention_line*.png); the outputs would replace one (name another "
+            "file)\n")
+    assert not (tmp_path / "figs").exists()
     assert "generate: error: --alpha -1.0: must be >= 0; --prompt, --top-k: not for multi30k (translation)\n" == fails(
         ["--models", str(trained), "--input", "-", "--alpha", "-1", "--prompt", "Ein", "--top-k", "5"])
     assert "--n-best 4: must be in [1, --beam-size 3] (the beam holds that many outputs)" in fails(
