@@ -70,6 +70,14 @@ def placed(path: str | Path, within: str | Path) -> str:
     return "is" if real == held else "is in" if os.path.commonpath([real, held]) == held else ""
 
 
+def written_by(named: str, how: str, within: str | Path, writer: str) -> str:
+    """The error for a path to write, ``named`` as given, that ``how`` ("is" / "is in") ``within``, what the
+    ``writer`` stage wrote: a file more there changes a DVC output (`dvc repro` runs that stage again, which
+    clears it), one replaced there is lost."""
+    return (f"{named}: {how} {within}, which the {writer} stage wrote; writing there would replace or change it "
+            "(name a path outside it)")
+
+
 def _named(path: Path, option: str) -> str:
     """``path`` after the command-line ``option`` that gave it, if any: what a check's message names."""
     return f"{option} {path}" if option else str(path)

@@ -12,7 +12,7 @@ import sys
 import time
 import traceback
 
-from lib.checkpoint import check_readable, check_replaceable, check_writable, placed
+from lib.checkpoint import check_readable, check_replaceable, check_writable, placed, written_by
 from lib.config import ConfigError, check_stages_after, load_params, stage_config
 
 
@@ -75,12 +75,15 @@ HOLDS = {("prepare", "out"): (*PREPARED_FILES, "alphabet.txt"), ("tokenize", "ou
 def check_apart(paths: dict[str, str], writes: list[str]):
     """Each path a stage writes (``writes``, by option) must neither be nor hold another path it is given
     (``paths``, by option: what it reads, --params, its other outputs), their links followed: a stage
-    replaces what it writes whole, a directory with all it holds, so that other path would be lost."""
+    replaces what it writes whole, a directory with all it holds, so that other path would be lost. Nor may
+    it be in a directory the stage reads (evaluate --samples data/cumsum/test.parquet replaced the test split)."""
     for out in writes:
         for name, path in paths.items():
             if name != out and (how := placed(path, paths[out])):
                 raise ValueError(f"--{out} {paths[out]}: {'is' if how == 'is' else 'holds'} --{name} {path}, which "
                                  "writing it would lose (name another path)")
+            if name not in writes and INPUTS.get(name, (FILE,))[0] == DIRECTORY and placed(paths[out], path):
+                raise ValueError(written_by(f"--{out} {paths[out]}", "is in", f"--{name} {path}", INPUTS[name][1]))
 
 
 def _say(line: str):

@@ -232,8 +232,7 @@ def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace, kin
     elif args.attention and args.output != "-" and takes_a_figure(args.output, args.attention):
         errors.append(f"--output {args.output}: in --attention {args.attention}, by a name the figures take "
                       f"({', '.join(FIGURE_FILES)}); the outputs would replace one (name another file)")
-    errors += [f"{option} {path}: {how} {directory / name}, which the {stage} stage wrote; writing there would "
-               "replace or change it (name a path outside it)"
+    errors += [checkpoint.written_by(f"{option} {path}", how, directory / name, stage)
                for option, path in (("--output", args.output), ("--attention", args.attention)) if path and path != "-"
                for name, stage in MODEL_FILES.items() if (how := checkpoint.placed(path, directory / name))]
     others = LM_OPTIONS if kind == "seq2seq" else TRANSLATION_OPTIONS

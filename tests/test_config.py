@@ -146,23 +146,36 @@ def test_a_stage_path_starting_with_a_tilde_is_in_the_home_directory(tmp_path, m
     assert list((tmp_path / "cwd").iterdir()) == []
 
 
+LOST = ", which writing it would lose (name another path)"  # what an output that is or holds another path says
+CHANGED = " stage wrote; writing there would replace or change it (name a path outside it)"  # one in a directory read
+
+
 @pytest.mark.parametrize("stage, paths, message", [
-    ("tokenize", {"data": "data", "out": "data"}, "--out data: is --data data"),
-    ("tokenize", {"data": "data", "out": "."}, "--out .: holds --data data"),
+    ("tokenize", {"data": "data", "out": "data"}, "--out data: is --data data" + LOST),
+    ("tokenize", {"data": "data", "out": "."}, "--out .: holds --data data" + LOST),
     ("evaluate", {"data": "data", "tokenizer": "tok", "model": "model.pt", "metrics": "out.json",
-                  "samples": "out.json"}, "--metrics out.json: is --samples out.json"),
+                  "samples": "out.json"}, "--metrics out.json: is --samples out.json" + LOST),
     ("evaluate", {"data": "data", "tokenizer": "tok", "model": "model.pt", "metrics": "params.yaml",
-                  "samples": "samples.jsonl"}, "--metrics params.yaml: is --params params.yaml"),
+                  "samples": "samples.jsonl"}, "--metrics params.yaml: is --params params.yaml" + LOST),
     ("train", {"data": "data", "tokenizer": "tok", "model": "ckpt/model.pt", "checkpoints": "ckpt", "live": "live"},
-     "--checkpoints ckpt: holds --model ckpt/model.pt"),
+     "--checkpoints ckpt: holds --model ckpt/model.pt" + LOST),
     ("train", {"data": "data", "tokenizer": "tok", "model": "model.pt", "checkpoints": "ckpt", "live": "link"},
-     "--live link: is --data data"),
+     "--live link: is --data data" + LOST),
+    ("evaluate", {"data": "data", "tokenizer": "tok", "model": "model.pt", "metrics": "metrics.json",
+                  "samples": "data/test.parquet"}, "--samples data/test.parquet: is in --data data, which the prepare"
+     + CHANGED),
+    ("tokenize", {"data": "data", "out": "link/tok"}, "--out link/tok: is in --data data, which the prepare" + CHANGED),
+    ("report", {"data": "data", "tokenizer": "tok", "model": "model.pt", "metrics": "metrics.json",
+                "samples": "samples.jsonl", "live": "live", "out": "report.md", "figures": "tok/figures"},
+     "--figures tok/figures: is in --tokenizer tok, which the tokenize" + CHANGED),
 ])
-def test_a_stage_output_that_is_or_holds_another_of_its_paths_is_refused(tmp_path, monkeypatch, capsys, tiny_params,
-                                                                          stage, paths, message):
+def test_a_stage_output_that_is_holds_or_is_in_another_of_its_paths_is_refused(tmp_path, monkeypatch, capsys,
+                                                                                tiny_params, stage, paths, message):
     """A stage replaces what it writes whole (a directory with all it holds): run by hand (under torchrun,
     say) with `--out` naming its `--data`, the tokenize stage put its tokenizer where the data had been, the
-    data gone. Each output is checked against every other path the stage is given, links followed."""
+    data gone; evaluate's `--samples data/test.parquet` replaced the test split (and a file more in a
+    directory read changes what `dvc repro` took for that stage's output). Each output is checked against
+    every other path the stage is given, links followed, before any work; beside them is written."""
     monkeypatch.chdir(tmp_path)
     Path("params.yaml").write_text(yaml.safe_dump(tiny_params))
     assert run_stage("prepare", ["cumsum", "--out", "data"]) == 0
@@ -170,11 +183,10 @@ def test_a_stage_output_that_is_or_holds_another_of_its_paths_is_refused(tmp_pat
     before = {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()}
     argv = [part for name, path in paths.items() for part in (f"--{name}", path)]
     assert run_stage(stage, ["cumsum", *argv]) == 2
-    assert capsys.readouterr().err.endswith(f"{stage}@cumsum: error: {message}, which writing it would lose (name "
-                                            "another path)\n")
+    assert capsys.readouterr().err.endswith(f"{stage}@cumsum: error: {message}\n")
     assert {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()} == before
-    assert run_stage("tokenize", ["cumsum", "--data", "data", "--out", "data/tok"]) == 0  # into it, none lost
-    assert (tmp_path / "data" / "tok" / "tokenizer.json").is_file() and (tmp_path / "data" / "train.parquet").exists()
+    assert run_stage("tokenize", ["cumsum", "--data", "data", "--out", "tok"]) == 0  # beside it
+    assert (tmp_path / "tok" / "tokenizer.json").is_file()
 
 
 LM_PARAMS = {"prepare": {"source": "no/such/input.txt", "train_fraction": 0.9},  # a source train never reads
