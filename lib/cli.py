@@ -26,9 +26,32 @@ def _raise_terminated(signum, frame):
 
 
 def _world() -> int:
-    """How many processes torchrun started (1: not launched by it). Read here, not through lib.distributed,
-    which joins the process group."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
+    """How many processes torchrun started (1: not launched by it, or a WORLD_SIZE that is no number, which
+    check_launch names). Read here, not through lib.distributed, which joins the process group."""
+    world = os.environ.get("WORLD_SIZE", "1")
+    return int(world) if world.isdigit() else 1
+
+
+# What torch's rendezvous (env://) reads beside WORLD_SIZE; torchrun sets them all in each process it starts.
+LAUNCH = ("RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def check_launch(stage: str):
+    """A WORLD_SIZE above 1 in the environment says torchrun started this process: what else it sets must be
+    there, with a RANK below it. (A WORLD_SIZE left in the shell had train fail inside torch's rendezvous, its
+    error lost to a KeyError; a RANK of 2 out of 2 waits at the rendezvous for a rank that never comes.)"""
+    world = os.environ.get("WORLD_SIZE", "1")
+    if not world.isdigit() or int(world) < 1:
+        raise ValueError(f"WORLD_SIZE={world!r} in the environment: not a number of processes (torchrun sets it; "
+                         "unset it to run one process)")
+    if int(world) == 1:
+        return
+    if missing := [name for name in LAUNCH if not os.environ.get(name)]:
+        raise ValueError(f"WORLD_SIZE={world} in the environment, but not {', '.join(missing)}: start the stage with "
+                         f"torchrun, which sets them all (torchrun --nproc_per_node {world} -m stages.{stage} ...), "
+                         "or unset WORLD_SIZE to run one process")
+    if not (rank := os.environ["RANK"]).isdigit() or int(rank) >= int(world):
+        raise ValueError(f"RANK={rank!r} in the environment: not a rank in [0, WORLD_SIZE {world})")
 
 
 def _exit(status: int):
@@ -132,6 +155,7 @@ def stage_main(stage: str, reads: list[str], writes: dict[str, str], run, argv: 
     who = f"{stage}@{args.task}"
     started = False
     try:
+        check_launch(stage)
         check_apart({name: getattr(args, name) for name in [*reads, *writes, "params"]}, list(writes))
         params = load_params(args.params)
         cfg = stage_config(params, args.task, stage)

@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from lib import checkpoint, distributed
+from lib import checkpoint, cli, distributed
 from tests.conftest import ROOT, run_stage, run_tree, shorten_splits
 
 
@@ -241,6 +241,30 @@ def test_each_process_says_an_error_in_a_line_of_its_own(tmp_path):
     missing = f"error: {tmp_path / 'tok' / 'tokenizer.json'}: tokenizer not found (run the tokenize stage first)"
     said_by = [re.fullmatch(rf"train@cumsum \(rank (\d) of 2\): {re.escape(missing)}", line) for line in errors]
     assert errors and all(said_by) and len({match[1] for match in said_by}) == len(errors), lines
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("launch, said", [
+    ({"WORLD_SIZE": "2"}, "WORLD_SIZE=2 in the environment, but not RANK, MASTER_ADDR, MASTER_PORT: start the stage "
+     "with torchrun, which sets them all (torchrun --nproc_per_node 2 -m stages.train ...), or unset WORLD_SIZE to "
+     "run one process"),
+    ({"WORLD_SIZE": "two"}, "WORLD_SIZE='two' in the environment: not a number of processes (torchrun sets it; unset "
+     "it to run one process)"),
+    ({"WORLD_SIZE": "2", "RANK": "2", "MASTER_ADDR": "localhost", "MASTER_PORT": "29511"},
+     "RANK='2' in the environment: not a rank in [0, WORLD_SIZE 2)"),
+])
+def test_a_launch_torchrun_did_not_make_is_named(tmp_path, launch, said):
+    """The stage is started with a WORLD_SIZE in its environment but not the rest torchrun sets (one left in the
+    shell, or set by hand): it said a KeyError from inside its own error handling, or a ValueError from int();
+    a RANK beyond WORLD_SIZE waited at torch's rendezvous for ever, deaf to SIGTERM. Now one line, exit 2,
+    before any work (the data and tokenizer are there: training would start)."""
+    from tests.conftest import TINY_PARAMS
+
+    params_path = prepare(tmp_path, TINY_PARAMS, "cumsum")
+    env = {name: value for name, value in ENV.items() if name not in ("WORLD_SIZE", "LOCAL_RANK", *cli.LAUNCH)}
+    result = run_tree([sys.executable, *stage_command(tmp_path, params_path, tmp_path / "out")], timeout=120,
+                      cwd=ROOT, env={**env, **launch})
+    assert (result.returncode, result.stderr) == (2, f"train@cumsum: error: {said}\n")
     assert not (tmp_path / "out").exists()
 
 
