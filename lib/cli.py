@@ -34,18 +34,26 @@ def _world() -> int:
 
 # What torch's rendezvous (env://) reads beside WORLD_SIZE; torchrun sets them all in each process it starts.
 LAUNCH = ("RANK", "MASTER_ADDR", "MASTER_PORT")
+# The stages that run in several processes (lib.distributed); the others would each write the same outputs.
+PARALLEL = ("train",)
 
 
 def check_launch(stage: str):
-    """A WORLD_SIZE above 1 in the environment says torchrun started this process: what else it sets must be
-    there, with a RANK below it. (A WORLD_SIZE left in the shell had train fail inside torch's rendezvous, its
-    error lost to a KeyError; a RANK of 2 out of 2 waits at the rendezvous for a rank that never comes.)"""
+    """A WORLD_SIZE above 1 in the environment says torchrun started this process: the stage must be one that
+    runs in several (under torchrun two prepare processes raced to the same temporary directory), and what
+    else torchrun sets must be there, with a RANK below it. (A WORLD_SIZE left in the shell had train fail
+    inside torch's rendezvous, its error lost to a KeyError; a RANK of 2 out of 2 waits at the rendezvous for
+    a rank that never comes.)"""
     world = os.environ.get("WORLD_SIZE", "1")
     if not world.isdigit() or int(world) < 1:
         raise ValueError(f"WORLD_SIZE={world!r} in the environment: not a number of processes (torchrun sets it; "
                          "unset it to run one process)")
     if int(world) == 1:
         return
+    if stage not in PARALLEL:
+        raise ValueError(f"WORLD_SIZE={world} in the environment: {world} processes, but only the train stage runs in "
+                         f"several; each would write the {stage} stage's outputs, the same files (run it once: python "
+                         f"-m stages.{stage} ...)")
     if missing := [name for name in LAUNCH if not os.environ.get(name)]:
         raise ValueError(f"WORLD_SIZE={world} in the environment, but not {', '.join(missing)}: start the stage with "
                          f"torchrun, which sets them all (torchrun --nproc_per_node {world} -m stages.{stage} ...), "

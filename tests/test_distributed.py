@@ -268,6 +268,24 @@ def test_a_launch_torchrun_did_not_make_is_named(tmp_path, launch, said):
     assert not (tmp_path / "out").exists()
 
 
+def test_only_the_train_stage_runs_under_torchrun(tmp_path):
+    """Under torchrun, two prepare processes raced to the same temporary directory: one of them failed with
+    a traceback (`Cannot save file into a non-existent directory: 'data/.cumsum.tmp'`), and which one wrote
+    the data was chance. A stage other than train says it runs once, in every process, before any work."""
+    from tests.conftest import TINY_PARAMS
+
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(TINY_PARAMS))
+    code, stderr = torchrun(["-m", "stages.prepare", "cumsum", "--out", str(tmp_path / "data"), "--params",
+                             str(tmp_path / "params.yaml")], 2)
+    assert code != 0
+    said = [line for line in stderr.splitlines()  # less one torchrun stopped once the other had failed
+            if line.startswith("prepare@cumsum") and not line.startswith("prepare@cumsum: terminated (SIGTERM)")]
+    assert said and set(said) == {"prepare@cumsum: error: WORLD_SIZE=2 in the environment: 2 processes, but only the "
+                                  "train stage runs in several; each would write the prepare stage's outputs, the "
+                                  "same files (run it once: python -m stages.prepare ...)"}, stderr
+    assert sorted(os.listdir(tmp_path)) == ["params.yaml"]
+
+
 BROKEN_STAGE = """
 import os, sys
 sys.path.insert(0, {root!r})
@@ -278,7 +296,7 @@ def run(task, cfg, args):
     raise RuntimeError("a bug met in rank " + os.environ["RANK"])
 
 
-stage_main("prepare", [], {{}}, run)
+stage_main("train", [], {{}}, run)
 """
 
 
@@ -292,13 +310,13 @@ def test_an_unforeseen_error_is_a_whole_traceback_and_in_torchruns_summary(tmp_p
     (tmp_path / "broken.py").write_text(BROKEN_STAGE.format(root=str(ROOT)))
     code, stderr = torchrun([str(tmp_path / "broken.py"), "cumsum", "--params", str(tmp_path / "params.yaml")], 2)
     assert code != 0
-    said = re.findall(r"^prepare@cumsum \(rank (\d) of 2\): unforeseen error\nTraceback \(most recent call last\):\n"
+    said = re.findall(r"^train@cumsum \(rank (\d) of 2\): unforeseen error\nTraceback \(most recent call last\):\n"
                       r"(?:  .*\n)+RuntimeError: a bug met in rank (\d)$", stderr, re.MULTILINE)
     assert said and all(rank == met for rank, met in said), stderr  # whole: the rank's own, nothing between
     root = stderr[stderr.index("Root Cause (first observed failure):"):]
     rank = re.search(r"rank +: (\d) ", root)[1]
     assert re.search(r"exitcode +: 1 ", root), root
-    assert (f"traceback : prepare@cumsum (rank {rank} of 2): unforeseen error\n  Traceback (most recent call last):"
+    assert (f"traceback : train@cumsum (rank {rank} of 2): unforeseen error\n  Traceback (most recent call last):"
             in root), root
     assert f"\n  RuntimeError: a bug met in rank {rank}\n" in root, root
     assert "To enable traceback see" not in stderr
