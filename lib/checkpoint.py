@@ -232,7 +232,11 @@ def load_trained(model_path: str | Path, tokenizer_dir: str | Path, device="cpu"
 def load_directory(directory: str | Path, device="cpu", option: str = ""):
     """``load_trained`` from a models directory laid out as the pipeline writes it (model.pt, tokenizer/),
     which is named first (after ``option``, if one gave it) when it is not there, a task never built, or is
-    a file. A leading ``~`` is the home directory."""
+    a file, or when it holds neither (its checkpoints/, say: which stage to run would be the wrong advice).
+    A leading ``~`` is the home directory."""
     directory = Path(directory).expanduser()
     check_readable(directory, directory=True, option=option, writer="train")
+    if not (directory / "model.pt").exists() and not (directory / "tokenizer").exists():
+        raise FileNotFoundError(f"{_named(directory, option)}: holds neither model.pt nor tokenizer/: not a models "
+                                "directory as the pipeline writes it (models/<task>, holding both)")
     return load_trained(directory / "model.pt", directory / "tokenizer", device)

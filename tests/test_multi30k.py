@@ -511,8 +511,13 @@ def test_generate_reads_stdin_and_names_what_it_cannot_use(tmp_path, trained, ca
     assert f"generate: error: --models {trained / 'model.pt'}: a file is there, where a directory is read\n" == fails(
         ["--models", str(trained / "model.pt"), "--input", "-"])
     (tmp_path / "half").mkdir()
+    shutil.copy(trained / "model.pt", tmp_path / "half")
     assert "half/tokenizer/tokenizer.json: tokenizer not found (run the tokenize stage first)" in fails(
         ["--models", str(tmp_path / "half"), "--input", "-"])
+    (tmp_path / "checkpoints").mkdir()  # neither there: the wrong directory, where running tokenize is no help
+    assert fails(["--models", str(tmp_path / "checkpoints"), "--input", "-"]) == (
+        f"generate: error: --models {tmp_path / 'checkpoints'}: holds neither model.pt nor tokenizer/: not a models "
+        "directory as the pipeline writes it (models/<task>, holding both)\n")
     stdin(GERMAN[2].encode() + b"\nEin \xff Hund\n")
     assert "generate: error: stdin: line 2: not UTF-8 (byte 4)" in fails(["--models", str(trained), "--input", "-"])
     (tmp_path / "in.txt").write_text(GERMAN[2] + "\n")
