@@ -29,10 +29,15 @@ missing_requirements() {
   "$PYTHON" - <<'PY'
 import importlib.util, re
 module = {"pyyaml": "yaml"}
+def found(name):  # a dotted name (ruamel.yaml) whose parent package is missing raises instead of None
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
 for line in open("requirements.txt"):
     req = line.split("#")[0].strip()
     name = re.split(r"[<>=!~ \[]", req)[0].lower()
-    if req and name not in ("torch", "datasets") and importlib.util.find_spec(module.get(name, name)) is None:
+    if req and name not in ("torch", "datasets") and not found(module.get(name, name)):
         print(req)
 PY
 }

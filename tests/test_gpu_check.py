@@ -71,3 +71,17 @@ def test_gpu_check_runs_every_step_and_summarises(tmp_path):
     # The error ends the log that the script shows the end of: no noise from the interpreter's teardown after it.
     failed = (work / "train-compiled.log").read_text().rstrip()
     assert failed.endswith("RuntimeError: no compiler here: a stand-in for one that fails"), failed[-1500:]
+
+
+def test_a_python_lacking_the_requirements_is_told_each(tmp_path):
+    """On the H200 the script stopped at its first step: its python lacked ruamel, and looking up
+    `ruamel.yaml` raised ModuleNotFoundError instead of saying it is missing. A python that sees no
+    site-packages (`-S`) lacks every requirement: each is named, torch and datasets aside."""
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
+    python.chmod(0o755)
+    script = 'source <(sed -n "/^missing_requirements()/,/^}/p" benchmarks/gpu_check.sh); missing_requirements'
+    result = run_tree(["bash", "-c", script], timeout=60, cwd=ROOT, env={**os.environ, "PYTHON": str(python)})
+    assert result.returncode == 0, result.stderr
+    wanted = [line.split("#")[0].strip() for line in (ROOT / "requirements.txt").read_text().splitlines()]
+    assert result.stdout.split() == [req for req in wanted if req and not req.startswith(("torch", "datasets"))]
