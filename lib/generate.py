@@ -226,12 +226,13 @@ def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace, kin
                for option, path in (("--input", args.input), ("--score", args.score))
                if path and "-" not in (path, args.output) and replaces(args.output, path)]
     # --attention's directory is made first, then --output is written: in it would be a file; under it, none
-    if args.attention and args.output != "-" and (how := checkpoint.placed(args.attention, args.output)):
-        errors.append(f"--attention {args.attention}: {how} --output {args.output}, the file the outputs go to "
-                      "(name another directory)")
-    elif args.attention and args.output != "-" and takes_a_figure(args.output, args.attention):
-        errors.append(f"--output {args.output}: in --attention {args.attention}, by a name the figures take "
-                      f"({', '.join(FIGURE_FILES)}); the outputs would replace one (name another file)")
+    if args.attention and args.output != "-":
+        if how := checkpoint.placed(args.attention, args.output):
+            errors.append(f"--attention {args.attention}: {how} --output {args.output}, the file the outputs go to "
+                          "(name another directory)")
+        elif takes_a_figure(args.output, args.attention):
+            errors.append(f"--output {args.output}: in --attention {args.attention}, by a name the figures take "
+                          f"({', '.join(FIGURE_FILES)}); the outputs would replace one (name another file)")
     errors += [checkpoint.written_by(f"{option} {path}", how, directory / name, stage)
                for option, path in (("--output", args.output), ("--attention", args.attention)) if path and path != "-"
                for name, stage in MODEL_FILES.items() if (how := checkpoint.placed(path, directory / name))]
