@@ -134,8 +134,10 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
 
 def alibi_bias(slopes: torch.Tensor, q_len: int, k_len: int, start: int = 0) -> torch.Tensor:
     """-slope_h * |i - j| for query position i (from ``start``) and key position j: (1, H, Tq, Tk)."""
-    distance = (torch.arange(start, start + q_len)[:, None] - torch.arange(k_len)[None, :]).abs()  # (Tq, Tk)
-    return -(slopes.to(distance.device)[:, None, None] * distance)[None]  # (1, H, Tq, Tk)
+    # Made where the slopes are: positions made on the CPU for a model on a GPU would not meet its scores.
+    queries, keys = torch.arange(start, start + q_len, device=slopes.device), torch.arange(k_len, device=slopes.device)
+    distance = (queries[:, None] - keys[None, :]).abs()  # (Tq, Tk)
+    return -(slopes[:, None, None] * distance)[None]  # (1, H, Tq, Tk)
 
 
 class MultiHeadAttention(nn.Module):

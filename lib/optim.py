@@ -119,7 +119,8 @@ def _generator_nll(hidden, weight, bias, target, pad_id: int, smoothing: float, 
                  torch.zeros(weight.shape, dtype=acc, device=weight.device),
                  None if bias is None else torch.zeros(bias.shape, dtype=acc, device=bias.device))
     device = hidden.device.type
-    low = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+    autocast = torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)  # none on "meta"
+    low = torch.get_autocast_dtype(device) if autocast else None
     for i in range(0, len(hidden), rows):
         h, t = hidden[i:i + rows], target[i:i + rows]  # (n, C), (n,)
         z = F.linear(h, weight, bias)  # (n, V); under autocast the product is bf16
@@ -160,7 +161,7 @@ class _GeneratorNLL(torch.autograd.Function):
 
 
 def generator_nll(hidden: torch.Tensor, generator: torch.nn.Linear, target: torch.Tensor, pad_id: int,
-                  smoothing: float, rows: int | None = None) -> tuple[torch.Tensor, int]:
+                  smoothing: float, rows: int | None = None, count: int | None = None) -> tuple[torch.Tensor, int]:
     """``label_smoothed_nll(generator(hidden), ...)`` without the (N, V) logits.
 
     hidden (..., C) the decoder's output, target (...). The output layer and
@@ -170,6 +171,8 @@ def generator_nll(hidden: torch.Tensor, generator: torch.nn.Linear, target: torc
     the multi30k model's training step went from 738 to 610 ms (8k vocabulary).
     By default 256 rows on a CPU; on a GPU 8192, since each block costs a dozen
     kernel launches and its memory (8192 x V floats) is no concern there.
+    ``count``: the non-pad targets, where the caller has them on the host (a Batch's n_tokens). Counting
+    them here reads the device: on a GPU the host would wait for the queued work at every batch.
     """
     if rows is None:
         rows = 256 if hidden.device.type == "cpu" else 8192
@@ -180,7 +183,7 @@ def generator_nll(hidden: torch.Tensor, generator: torch.nn.Linear, target: torc
         loss = _GeneratorNLL.apply(hidden, weight, bias, target, pad_id, smoothing, rows)
     else:
         loss, _ = _generator_nll(hidden, weight, bias, target, pad_id, smoothing, rows, with_grad=False)
-    return loss, int((target != pad_id).sum())
+    return loss, int((target != pad_id).sum()) if count is None else count
 
 
 def label_smoothed_nll(

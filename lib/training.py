@@ -466,7 +466,7 @@ def seq2seq_loss(model, batch, ids: SpecialIds, smoothing: float) -> tuple[torch
     hidden = model(batch.src, batch.tgt_in, padding_mask(batch.src, ids.pad), target_mask(batch.tgt_in, ids.pad),
                    project=False)  # (B, T, C)
     generator = getattr(model, "module", model).generator
-    return generator_nll(hidden, generator, batch.tgt_out, ids.pad, smoothing)
+    return generator_nll(hidden, generator, batch.tgt_out, ids.pad, smoothing, count=batch.n_tokens)
 
 
 @torch.no_grad()

@@ -109,6 +109,24 @@ def test_the_forward_pass_never_waits_for_the_gpu():
         torch.cuda.set_sync_debug_mode("default")
 
 
+@pytest.mark.parametrize("positional", ["sinusoidal", "learned", "rope", "alibi"])
+def test_the_train_stages_losses_never_wait_for_the_gpu(positional):
+    """The forward passes with the train stage's losses (whose fused output layer makes its gradients
+    there): a step's one wait is its logged loss. The seq2seq loss counted its targets on the device, a
+    wait at every batch; ALiBi made its distances on the CPU and could not add them to the scores."""
+    from tests.test_model import training_losses
+
+    losses = training_losses("cuda", positional=positional)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            seq2seq_loss, lm_loss = losses()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.isfinite(seq2seq_loss) and torch.isfinite(lm_loss)
+
+
 def test_a_batch_goes_to_the_gpu_without_waiting_for_it():
     """Batch.to queues its copies from pinned memory. A copy from pageable memory makes the host
     wait for the GPU's whole queue, the previous step's kernels included, once per tensor."""

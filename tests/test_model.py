@@ -467,6 +467,40 @@ def test_the_forward_pass_reads_nothing_back_from_an_accelerator():
     assert lm_logits.shape == (6, 10, V)
 
 
+def training_losses(device: str, **overrides):
+    """The train stage's two losses, ``seq2seq_loss`` (on padded sources) and ``lm_loss``, of models in training
+    mode on ``device`` (the test config with dropout 0.1 and ``overrides``): returns a function that gives both.
+    Shared by the meta-device test here and the CUDA sync test."""
+    from lib.data import Batch
+    from lib.training import lm_loss, seq2seq_loss
+    from tests.test_decoding import IDS, V, sources
+
+    src, tgt = sources().to(device), torch.randint(4, V, (6, 10), device=device)  # no padding in tgt
+    cfg = model_config(dropout=0.1, **overrides)
+    seq2seq = Transformer(cfg, V, V, joint_vocab=True).to(device).train()
+    lm = TransformerLM(cfg, V).to(device).train()
+
+    def losses():
+        loss, n = seq2seq_loss(seq2seq, Batch(src, tgt, tgt, tgt.numel()), IDS, 0.1)
+        return loss / n, lm_loss(lm, tgt, tgt)
+    return losses
+
+
+MODERN = dict(n_kv_heads=1, activation="swiglu", norm="rmsnorm", norm_first=True)
+
+
+@pytest.mark.parametrize("modern", [False, True])
+@pytest.mark.parametrize("positional", ["sinusoidal", "learned", "rope", "alibi"])
+def test_a_training_step_reads_nothing_back_from_an_accelerator(positional, modern):
+    """The train stage's losses and their backward pass, on the meta device: its one read of a step is
+    the logged loss (``read_back``). The loss counting its targets on the device waited for the whole
+    forward pass on a GPU at every batch; ALiBi made its distances on the CPU, which a model on a GPU
+    could not add to its scores (and a CPU tensor here cannot meet a meta one either)."""
+    seq2seq_loss, lm_loss = training_losses("meta", positional=positional, **(MODERN if modern else {}))()
+    (seq2seq_loss + lm_loss).backward()
+    assert seq2seq_loss.shape == lm_loss.shape == ()
+
+
 def test_the_training_forward_pass_compiles_into_one_graph():
     """Under torch.compile (train.compile) dropout and attention's fully-masked-row pass take their
     traceable forms on a CPU too, so the training forward pass is one graph there as on a GPU:
