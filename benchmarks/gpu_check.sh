@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One GPU, about 5 minutes: the CUDA-marked tests, the eager training step against torch.nn.Transformer
-# (train_throughput.py, at three batch sizes), then multi30k trained for a few minutes in bf16 at
-# d_model 512, compiled (train.compile; eager again if compiling fails). Ends with one JSON line:
-# tokens/s, model FLOPs utilisation (MFU) and the validation loss reached.
+# (train_throughput.py, at three batch sizes, each with a profile of a few steps: where a step's time
+# goes), then multi30k trained for a few minutes in bf16 at d_model 512, eager (COMPILE=1: compiled,
+# train.compile; eager again if compiling fails). Ends with one JSON line: tokens/s, model FLOPs
+# utilisation (MFU) and the validation loss reached.
 #
 #   bash benchmarks/gpu_check.sh              # on the GPU machine, from the repository root
 #   PEAK_TFLOPS=989 MULTI30K=../shared/data/multi30k bash benchmarks/gpu_check.sh
@@ -16,7 +17,8 @@
 # Settings (environment): PEAK_TFLOPS, the GPU's dense bf16 peak (H100/H200 SXM: 989); MULTI30K, the
 # raw task-1 files; MINUTES of training (2.5); MAX_TOKENS a batch (32768: a d_model 512 step is then
 # ~15 ms of matmuls at 30% of an H100's peak, long enough to hide the launches); D_MODEL (512);
-# WORK, a scratch directory (/tmp/gpu_check); COMPILE=0 trains eager (compiling counts in MINUTES);
+# WORK, a scratch directory (/tmp/gpu_check); COMPILE=1 trains compiled (on an H200 compiling took 3 of
+# 2.5 minutes, for 4% more tokens/s: the loss reached then measures nothing);
 # DEVICE=cpu MINUTES=0.1 D_MODEL=64 MAX_TOKENS=2048 runs the same steps on a CPU, a dry run of the
 # script itself.
 set -euo pipefail
@@ -69,7 +71,7 @@ MINUTES=${MINUTES:-2.5}
 MAX_TOKENS=${MAX_TOKENS:-32768}
 D_MODEL=${D_MODEL:-512}
 DEVICE=${DEVICE:-cuda}
-COMPILE=${COMPILE:-1}
+COMPILE=${COMPILE:-0}
 rm -rf "$WORK" && mkdir -p "$WORK"
 
 missing=$(missing_requirements)
@@ -123,13 +125,14 @@ write_params "$COMPILE"
 "$PYTHON" -m stages.tokenize multi30k --data "$WORK/data" --out "$WORK/tokenizer" --params "$WORK/params.yaml"
 
 # The eager step alone at a quarter of, at and at twice the train stage's batch: how MFU moves with
-# the batch (launch-bound when it rises with it, bound by the kernels themselves when it does not).
-steps=10 rounds=2
-[ "$DEVICE" = cpu ] && steps=2 rounds=1
+# the batch (launch-bound when it rises with it, bound by the kernels themselves when it does not),
+# and a profile of each: which kernels the time goes to.
+steps=10 rounds=2 profile=3
+[ "$DEVICE" = cpu ] && steps=2 rounds=1 profile=1
 PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" benchmarks/train_throughput.py --device "$DEVICE" \
   --precision bf16 --d-model "$D_MODEL" --d-ff $((4 * D_MODEL)) --heads 8 --layers 3 --dropout 0.2 \
   --activation-dropout 0 --max-tokens $((MAX_TOKENS / 4)) "$MAX_TOKENS" $((MAX_TOKENS * 2)) --steps $steps \
-  --rounds $rounds --data "$WORK/data" --tokenizer "$WORK/tokenizer" | tee "$WORK/throughput.jsonl"
+  --rounds $rounds --profile $profile --data "$WORK/data" --tokenizer "$WORK/tokenizer" | tee "$WORK/throughput.jsonl"
 
 # The progress bar goes to train.log with the rest; the log's own lines are shown.
 train() {
@@ -169,7 +172,9 @@ print(json.dumps({
               "epochs": len(valid), "steps": len(tokens)},
     "throughput": [{"max_tokens": b["max_tokens"], "tokens_per_step": b["tokens_per_step"],
                     "tokens_per_s": b["tokens_per_s"], "ratio_ours_over_torch": b["ratio_ours_over_torch"],
-                    "matmul_peak_tflops": max(b["matmul_peak_gflops"]) / 1000, "mfu_vs_measured_peak": b["mfu"]}
+                    "matmul_peak_tflops": max(b["matmul_peak_gflops"]) / 1000, "mfu_vs_measured_peak": b["mfu"],
+                    "profile": {name: {k: p[k] for k in ("step_ms", "busy_ms", "kinds_share")}
+                                for name, p in b["profile"].items()}}
                    for b in sorted(benches, key=lambda b: b["max_tokens"])],
 }))
 PY

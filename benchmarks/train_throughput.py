@@ -25,6 +25,11 @@ rarely fall together, so "mfu_paired" also times every step against one of the
 larger products in each layout, run right after it: the median over the steps
 of the step's rate over that peak.
 On a GPU every timing waits for the device to finish its queued work.
+--profile N adds where a step's time goes: N more steps of each model under
+torch.profiler, its operators' own time (a GPU's kernels, else the CPU's)
+summed by kind (matmul, softmax, norm, dropout, cast and copy, optimizer,
+other) and the costliest operators (and, on a GPU, kernels), in ms a step.
+The profiler slows the host: "step_ms" there is the profiled step's.
 """
 
 import argparse
@@ -32,6 +37,8 @@ import json
 import math
 import platform
 import statistics
+from functools import partial
+from itertools import cycle, islice
 from datetime import date
 from pathlib import Path
 
@@ -104,6 +111,65 @@ def batch_source(data: Path, tok: Path, n: int):
     return lambda max_tokens: batches, ids, V, "random 64 x 24 + 24"  # the same batches at every budget
 
 
+# Operators by what they do, for --profile; the first kind whose names match wins, the rest is "other".
+KINDS = {
+    "matmul": ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::addbmm", "aten::_addmm_activation"),
+    "softmax": ("softmax",),  # attention's, and the loss's log-softmax, forward and backward
+    "norm": ("layer_norm", "rms_norm"),
+    "dropout": ("dropout", "bernoulli", "random_"),
+    "cast_and_copy": ("aten::copy_", "aten::_to_copy", "aten::cat", "aten::index"),
+    "optimizer": ("_fused_adam", "_foreach", "aten::linalg_vector_norm"),
+}
+
+
+def kind_of(op: str) -> str:
+    for kind, names in KINDS.items():
+        if op in names or any(name in op for name in names if not name.startswith("aten::")):
+            return kind
+    return "other"
+
+
+def train_step(model, loss_fn, optimizer, batch: Batch, ids: SpecialIds, precision: str):
+    """One step as the train stage takes it: forward and loss under autocast, backward, clip, Adam."""
+    with torch.autocast(batch.src.device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+        loss = loss_fn(model, batch, ids, 0.1)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def profile(steps, device: torch.device) -> dict:
+    """Where the time of ``steps`` (callables, one a step) goes: ms a step by kind and by operator."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    start = clock(device)
+    with torch.profiler.profile(activities=activities) as prof:
+        for step in steps:
+            step()
+        clock(device)  # the queued kernels are recorded before the profile ends
+    seconds = clock(device) - start
+    n = len(steps)
+    events = prof.key_averages()
+    own = (lambda e: e.self_device_time_total) if device.type == "cuda" else (lambda e: e.self_cpu_time_total)
+    ops = [(e.key, e.count / n, own(e) / 1000 / n) for e in events if e.device_type.name == "CPU" and own(e) > 0]
+    kinds = dict.fromkeys([*KINDS, "other"], 0.0)
+    for name, _, ms in ops:
+        kinds[kind_of(name)] += ms
+    busy = sum(kinds.values())
+    top = lambda rows: [[name, round(calls, 1), round(ms, 3)] for name, calls, ms  # noqa: E731
+                        in sorted(rows, key=lambda row: -row[2])[:12]]
+    result = {"step_ms": round(seconds * 1000 / n, 2), "busy_ms": round(busy, 2),
+              "ops_per_step": round(sum(calls for _, calls, _ in ops)),
+              "kinds_ms": {kind: round(ms, 3) for kind, ms in kinds.items()},
+              "kinds_share": {kind: round(ms / busy, 3) for kind, ms in kinds.items()}, "top_ops": top(ops)}
+    if device.type == "cuda":  # the kernels themselves: which GEMMs, which element-wise passes
+        result["top_kernels"] = top([(e.key[:120], e.count / n, e.self_device_time_total / 1000 / n)
+                                     for e in events if e.device_type.name == "CUDA"])
+    return result
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--d-model", type=int, default=256)
@@ -122,6 +188,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--compile", action="store_true",
                         help="torch.compile both models' forward passes, as train.compile does (the warm-up "
                              "round compiles them)")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="then N steps of each model under torch.profiler: where a step's time goes")
     parser.add_argument("--data", type=Path, default=ROOT / "data" / "multi30k", help="the prepared multi30k data")
     parser.add_argument("--tokenizer", type=Path, default=ROOT / "models" / "multi30k" / "tokenizer")
     return parser.parse_args()
@@ -153,12 +221,7 @@ def measure(args: argparse.Namespace, cfg: ModelConfig, batches: list[Batch], id
             round_seconds[name] = 0.0
             for batch, step_flops in zip(batches, batch_flops):
                 start = clock(device)
-                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.precision == "bf16"):
-                    loss = loss_fn(model, batch, ids, 0.1)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
-                optimizers[name].step()
-                optimizers[name].zero_grad(set_to_none=True)
+                train_step(model, loss_fn, optimizers[name], batch, ids, args.precision)
                 seconds = clock(device) - start
                 round_seconds[name] += seconds
                 if round_:
@@ -171,6 +234,9 @@ def measure(args: argparse.Namespace, cfg: ModelConfig, batches: list[Batch], id
                 rounds[name].append(s)
         else:
             warmup = round_seconds
+    profiles = {name: profile([partial(train_step, model, loss_fn, optimizers[name], batch, ids, args.precision)
+                               for batch in islice(cycle(batches), args.profile)], device)
+                for name, (model, loss_fn) in models.items()} if args.profile else None
     seconds = {name: sum(values) for name, values in rounds.items()}
     rate = {name: tokens * args.rounds / s for name, s in seconds.items()}
     return {
@@ -183,6 +249,7 @@ def measure(args: argparse.Namespace, cfg: ModelConfig, batches: list[Batch], id
         "matmul_peak_gflops": [round(p / 1e9, 1) for p in peaks],
         "mfu": {name: round(flops / min(values) / max(peaks), 3) for name, values in rounds.items()},
         "mfu_paired": {name: round(statistics.median(values), 3) for name, values in paired.items()},
+        **({"profile": profiles} if profiles else {}),
     }
 
 

@@ -46,14 +46,14 @@ sys.meta_path.insert(0, BreakCompileOnImport())
 
 
 def test_gpu_check_runs_every_step_and_summarises(tmp_path):
-    """The whole script, with its way out when compiling fails: here the compiled model always raises
-    (inductor's C++ build would take minutes on 2 cores), so the compiled training stops at its
-    first step and the script trains eager instead, both paths run."""
+    """The whole script, compiling (COMPILE=1), with its way out when compiling fails: here the compiled
+    model always raises (inductor's C++ build would take minutes on 2 cores), so the compiled training
+    stops at its first step and the script trains eager instead, both paths run."""
     work, site = tmp_path / "work", tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
     env = {**os.environ, "PYTHON": sys.executable, "DEVICE": "cpu", "MINUTES": "0.01", "D_MODEL": "32",
-           "MAX_TOKENS": "256", "PEAK_TFLOPS": "0.001", "MULTI30K": str(write_corpus(tmp_path / "raw")),
+           "MAX_TOKENS": "256", "COMPILE": "1", "PEAK_TFLOPS": "0.001", "MULTI30K": str(write_corpus(tmp_path / "raw")),
            "WORK": str(work), "PYTHONPATH": str(site)}
     result = run_tree(["bash", "benchmarks/gpu_check.sh"], timeout=300, cwd=ROOT, env=env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -66,6 +66,11 @@ def test_gpu_check_runs_every_step_and_summarises(tmp_path):
     assert 0 < train["mfu_median"] and 0 < train["best_valid_loss"] < 20
     assert [b["max_tokens"] for b in throughput] == [64, 256, 512]  # a quarter of, at and twice MAX_TOKENS
     assert all(b["tokens_per_s"]["ours"] > 0 and b["matmul_peak_tflops"] > 0 for b in throughput)
+    for b in throughput:  # where each model's step time went: every operator's own time in one kind or another
+        for name, profiled in b["profile"].items():
+            shares = profiled["kinds_share"]
+            assert 0 < profiled["busy_ms"] <= profiled["step_ms"] * 1.05 and shares["matmul"] > 0.05, (name, profiled)
+            assert abs(sum(shares.values()) - 1) < 0.01, (name, shares)
     assert (work / "model.pt").is_file()
     assert train["compile"] == "failed" and "training eager instead" in result.stderr
     # The error ends the log that the script shows the end of: no noise from the interpreter's teardown after it.
