@@ -73,9 +73,15 @@ def device_named(name: str | torch.device, param: str = "device") -> torch.devic
 
 
 def local_device(device: torch.device) -> torch.device:
-    """Under torchrun each process takes the GPU of its local rank."""
+    """Under torchrun each process takes the GPU of its local rank: a machine needs one for each process
+    torchrun starts there (CUDA's own word for a missing one, "invalid device ordinal", names neither)."""
     if device.type == "cuda" and "LOCAL_RANK" in os.environ:
-        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        local, count = os.environ["LOCAL_RANK"], torch.cuda.device_count()
+        if not local.isdigit() or int(local) >= count:
+            raise ValueError(f"LOCAL_RANK={local!r} in the environment: this machine has {count} CUDA device(s), one "
+                             f"for each process on it: start at most {count} here (torchrun --nproc_per_node "
+                             f"{count}), or set train.device: cpu")
+        device = torch.device("cuda", int(local))
         torch.cuda.set_device(device)
     return device
 

@@ -268,6 +268,20 @@ def test_a_launch_torchrun_did_not_make_is_named(tmp_path, launch, said):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("local", ["2", "5", "one"])
+def test_a_process_beyond_the_machines_gpus_is_named(monkeypatch, local):
+    """torchrun --nproc_per_node 4 on a machine of 2 GPUs: local ranks 2 and 3 took cuda:2 and cuda:3, and
+    CUDA's "invalid device ordinal" said neither the rank nor the count. Now the stage's one-line error,
+    before any work; a run on the CPU takes no GPU, whatever its local rank."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setenv("LOCAL_RANK", local)
+    said = (f"LOCAL_RANK={local!r} in the environment: this machine has 2 CUDA device(s), one for each process on "
+            "it: start at most 2 here (torchrun --nproc_per_node 2), or set train.device: cpu")
+    with pytest.raises(ValueError, match=f"^{re.escape(said)}$"):
+        distributed.local_device(torch.device("cuda"))
+    assert distributed.local_device(torch.device("cpu")) == torch.device("cpu")
+
+
 def test_only_the_train_stage_runs_under_torchrun(tmp_path):
     """Under torchrun, two prepare processes raced to the same temporary directory: one of them failed with
     a traceback (`Cannot save file into a non-existent directory: 'data/.cumsum.tmp'`), and which one wrote
