@@ -163,6 +163,7 @@ read = lambda name: pd.read_csv(work / f"live/plots/metrics/{name}.tsv", sep="\t
 tokens, mfu, valid = read("train/tokens_per_s"), read("train/mfu"), read("valid/loss")
 skip = min(20, len(tokens) // 5)  # warm-up steps
 benches = [json.loads(line) for line in (work / "throughput.jsonl").read_text().splitlines()]
+SHOWN = ("step_ms", "busy_ms", "kinds_share", "error")  # of each profile: the rest is in throughput.jsonl
 print(json.dumps({
     "benchmark": "gpu_check", "device": benches[0]["device"], "torch": sys.argv[6], "cuda_tests": tests,
     "peak_tflops": peak,
@@ -173,8 +174,7 @@ print(json.dumps({
     "throughput": [{"max_tokens": b["max_tokens"], "tokens_per_step": b["tokens_per_step"],
                     "tokens_per_s": b["tokens_per_s"], "ratio_ours_over_torch": b["ratio_ours_over_torch"],
                     "matmul_peak_tflops": max(b["matmul_peak_gflops"]) / 1000, "mfu_vs_measured_peak": b["mfu"],
-                    "profile": {name: {k: p[k] for k in ("step_ms", "busy_ms", "kinds_share")}
-                                for name, p in b["profile"].items()}}
+                    "profile": {name: {k: v for k, v in p.items() if k in SHOWN} for name, p in b["profile"].items()}}
                    for b in sorted(benches, key=lambda b: b["max_tokens"])],
 }))
 PY

@@ -163,11 +163,22 @@ def profile(steps, device: torch.device) -> dict:
     result = {"step_ms": round(seconds * 1000 / n, 2), "busy_ms": round(busy, 2),
               "ops_per_step": round(sum(calls for _, calls, _ in ops)),
               "kinds_ms": {kind: round(ms, 3) for kind, ms in kinds.items()},
-              "kinds_share": {kind: round(ms / busy, 3) for kind, ms in kinds.items()}, "top_ops": top(ops)}
+              # None where nothing was recorded (a GPU whose profiler interface, CUPTI, is missing records no kernels)
+              "kinds_share": {kind: round(ms / busy, 3) if busy else None for kind, ms in kinds.items()},
+              "top_ops": top(ops)}
     if device.type == "cuda":  # the kernels themselves: which GEMMs, which element-wise passes
         result["top_kernels"] = top([(e.key[:120], e.count / n, e.self_device_time_total / 1000 / n)
                                      for e in events if e.device_type.name == "CUDA"])
     return result
+
+
+def profile_or_why(steps, device: torch.device) -> dict:
+    """``profile``, or why there is none: the figures measured before it stand without it (on a GPU lent for
+    minutes, the training that gpu_check.sh runs next must not be lost to a profiler that fails)."""
+    try:
+        return profile(steps, device)
+    except Exception as err:  # noqa: BLE001 - said in the output, not hidden
+        return {"error": f"{type(err).__name__}: {err}"}
 
 
 def parse_args() -> argparse.Namespace:
@@ -234,8 +245,8 @@ def measure(args: argparse.Namespace, cfg: ModelConfig, batches: list[Batch], id
                 rounds[name].append(s)
         else:
             warmup = round_seconds
-    profiles = {name: profile([partial(train_step, model, loss_fn, optimizers[name], batch, ids, args.precision)
-                               for batch in islice(cycle(batches), args.profile)], device)
+    profiles = {name: profile_or_why([partial(train_step, model, loss_fn, optimizers[name], batch, ids, args.precision)
+                                      for batch in islice(cycle(batches), args.profile)], device)
                 for name, (model, loss_fn) in models.items()} if args.profile else None
     seconds = {name: sum(values) for name, values in rounds.items()}
     rate = {name: tokens * args.rounds / s for name, s in seconds.items()}
