@@ -158,15 +158,24 @@ FIGURE_FILES = ("attention.md", "self_attention.png", "*_attention_line*.png")
 
 def write_figures(out_dir: Path, draw):
     """``draw(figures)`` writes PNGs into a temporary directory beside ``out_dir`` and returns the lines of
-    attention.md; every file then moves into ``out_dir`` (created if need be; other files there are left
-    alone), so an error or Ctrl-C leaves no half-drawn figure."""
+    attention.md; every file then moves into ``out_dir`` (created if need be), so an error or Ctrl-C leaves
+    no half-drawn figure. An earlier run's figures that this one did not draw (it had more lines, or the
+    other kind of model) go, so that the directory shows one run; files by other names are left alone."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=f".{out_dir.name}.") as tmp:
         figures = Path(tmp)
         (figures / "attention.md").write_text("\n".join(draw(figures)), encoding="utf-8")
         out_dir.mkdir(exist_ok=True)
-        for path in sorted(figures.iterdir()):
-            os.replace(path, out_dir / path.name)
+        drawn = sorted(path.name for path in figures.iterdir())
+        for name in drawn:
+            os.replace(figures / name, out_dir / name)
+    for path in sorted(out_dir.iterdir()):
+        if path.name not in drawn and not path.is_dir() and is_a_figure(path.name):
+            path.unlink()
+
+
+def is_a_figure(name: str) -> bool:
+    return any(fnmatchcase(name, pattern) for pattern in FIGURE_FILES)
 
 
 SAMPLE_SEPARATOR = "-" * 15  # between an LM's samples, as nanoGPT's sample.py prints them
@@ -188,7 +197,7 @@ def takes_a_figure(output: str, attention: str) -> bool:
     """Whether ``output``, written after the figures, replaces one: it, or the file its links lead to, is in
     the ``attention`` directory by a name in FIGURE_FILES."""
     return any(checkpoint.placed(Path(path).parent, attention) == "is"
-               and any(fnmatchcase(Path(path).name, pattern) for pattern in FIGURE_FILES)
+               and is_a_figure(Path(path).name)
                for path in (output, os.path.realpath(output)))
 
 

@@ -439,6 +439,28 @@ def test_generate_scores_given_outputs_as_the_model_would(tmp_path, trained, cap
     assert pd.read_csv(tmp_path / "scores.tsv", sep="\t")["line"].tolist() == [1, 3]  # the earlier table kept
 
 
+def test_attention_drawn_again_clears_the_last_runs_figures(tmp_path):
+    """An --attention directory drawn again shows one run: an earlier run's figures that this one did not draw
+    (three lines then, one now; an LM's self_attention.png) stayed beside the new ones, attention.md no longer
+    naming them. They go; files by other names stay; no temporary is left."""
+    from lib import generate
+
+    out = tmp_path / "figs"
+    out.mkdir()
+    for name in ("attention.md", "cross_attention_line1.png", "cross_attention_line3.png", "self_attention.png",
+                 "notes.txt"):
+        (out / name).write_text("earlier")
+    (out / "kept_attention_line2.png").mkdir()  # a directory by a figure's name: not generate's, left
+
+    def draw(figures):
+        (figures / "cross_attention_line1.png").write_text("now")
+        return ["# Attention"]
+    generate.write_figures(out, draw)
+    assert {p.name: p.read_text() for p in out.iterdir() if p.is_file()} == {
+        "attention.md": "# Attention", "cross_attention_line1.png": "now", "notes.txt": "earlier"}
+    assert (out / "kept_attention_line2.png").is_dir() and os.listdir(tmp_path) == ["figs"]
+
+
 def test_generate_draws_the_attention_that_wrote_each_output(tmp_path, trained, capsys, monkeypatch):
     """--attention DIR: per translated line, the three kinds of attention of the model teacher-forced on its
     own output, cut to the line's real lengths (the same weights as that line run alone, unpadded), rows
