@@ -28,8 +28,10 @@ On a GPU every timing waits for the device to finish its queued work.
 --profile N adds where a step's time goes: N more steps of each model under
 torch.profiler, its operators' own time (a GPU's kernels, else the CPU's)
 summed by kind (matmul, softmax, norm, dropout, cast and copy, optimizer,
-other) and the costliest operators (and, on a GPU, kernels), in ms a step.
-The profiler slows the host: "step_ms" there is the profiled step's.
+other) and the costliest operators (and, on a GPU, kernels), in ms a step;
+"ops_per_step" counts the operator calls that took time (on a GPU, those that
+launched a kernel). The profiler slows the host: "step_ms" there is the
+profiled step's.
 """
 
 import argparse
@@ -37,9 +39,9 @@ import json
 import math
 import platform
 import statistics
+from datetime import date
 from functools import partial
 from itertools import cycle, islice
-from datetime import date
 from pathlib import Path
 
 import torch
