@@ -252,6 +252,8 @@ MUTATIONS = [
      "real, held = os.path.abspath(path), os.path.abspath(within)", PIPELINE),
     ("a WORLD_SIZE torchrun did not set let through to torch's rendezvous (a KeyError, or a wait for ever)",
      "lib/cli.py", "        check_launch(stage)\n", "", PIPELINE),
+    ("another listed task's misspelt name left to dvc (cumsum's prepare ran, then 'No such file: .../multi30K.py')",
+     "lib/config.py", "    for name in tasks:  # another task's", "    for name in tasks[:0]:  # another", PIPELINE),
     ("a local rank beyond the machine's GPUs let through to CUDA's \"invalid device ordinal\"", "lib/distributed.py",
      "if not local.isdigit() or int(local) >= count:", "if not local.isdigit():", PIPELINE),
     ("a stage other than train let run under torchrun (two prepare processes raced to one temporary directory)",

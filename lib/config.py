@@ -435,6 +435,8 @@ def stage_config(params: dict, task: str, stage: str):
         raise ConfigError(f"tasks: expected a list of task names (tasks: [{task}]), got {tasks!r}")
     if task not in tasks:
         raise ConfigError(f"tasks: {task!r} is not listed in tasks ({tasks!r})")
+    for name in tasks:  # another task's misspelt name stops `dvc repro` at its stages: said here, by the first
+        get_task(name)
     section = params.get(task)
     if not isinstance(section, dict) or stage not in section:
         raise ConfigError(f"{task}.{stage}: missing section")

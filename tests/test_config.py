@@ -70,6 +70,10 @@ def test_unknown_task_is_named(tiny_params):
     tiny_params["tasks"] = ["cumsun"]
     with pytest.raises(ConfigError, match=r"tasks: unknown task 'cumsun'"):
         stage_config(tiny_params, "cumsun", "prepare")
+    for listed in ("multi30K", None):  # beside the task: dvc repro would run cumsum's prepare, then stop at
+        tiny_params["tasks"] = ["cumsum", listed]  # "No such file or directory: 'lib/tasks/multi30K.py'"
+        with pytest.raises(ConfigError, match=rf"^tasks: unknown task {listed!r} \(known: cumsum, multi30k, "):
+            stage_config(tiny_params, "cumsum", "prepare")
     tiny_params["tasks"] = "cumsum"  # a name, not a list
     with pytest.raises(ConfigError, match=r"tasks: expected a list of task names \(tasks: \[cumsum\]\), got 'cumsum'$"):
         stage_config(tiny_params, "cumsum", "prepare")
