@@ -427,7 +427,7 @@ def load_params(path: str | Path = "params.yaml") -> dict:
 
 def stage_config(params: dict, task: str, stage: str):
     """The frozen config of ``stage`` for ``task``, validated."""
-    from lib.tasks import get_task  # tasks import config: import here, not at the top
+    from lib.tasks import check_task_name, get_task  # tasks import config: import here, not at the top
 
     get_task(task)  # an unknown task name fails first
     tasks = params.get("tasks")
@@ -436,7 +436,7 @@ def stage_config(params: dict, task: str, stage: str):
     if task not in tasks:
         raise ConfigError(f"tasks: {task!r} is not listed in tasks ({tasks!r})")
     for name in tasks:  # another task's misspelt name stops `dvc repro` at its stages: said here, by the first
-        get_task(name)
+        check_task_name(name)
     section = params.get(task)
     if not isinstance(section, dict) or stage not in section:
         raise ConfigError(f"{task}.{stage}: missing section")

@@ -21,9 +21,13 @@ from lib.config import ConfigError
 TASKS = ("cumsum", "multi30k", "shakespeare")
 
 
-def get_task(name: str):
+def check_task_name(name: str):
     if name not in TASKS:
         raise ConfigError(f"tasks: unknown task {name!r} (known: {', '.join(TASKS)})")
+
+
+def get_task(name: str):
+    check_task_name(name)
     return importlib.import_module(f"lib.tasks.{name}")
 
 
