@@ -1,5 +1,7 @@
 """What must hold on a GPU: run by benchmarks/gpu_check.sh (`pytest -m cuda`); skipped without CUDA."""
 
+import contextlib
+
 import pytest
 import torch
 
@@ -93,6 +95,17 @@ def test_fused_output_layer_gpu_blocks_match_small_ones():
     assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(grads, small_grads))
 
 
+@contextlib.contextmanager
+def never_waiting():
+    """Within it, an operation that makes the host wait for the GPU raises (the queue drained first)."""
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
 def test_the_forward_pass_never_waits_for_the_gpu():
     """No host-device synchronisation inside the model: each one stalls the Python thread that
     queues the kernels until the GPU has drained its queue (e.g. a `bool(tensor)` branch).
@@ -100,13 +113,8 @@ def test_the_forward_pass_never_waits_for_the_gpu():
     from tests.test_model import both_forward_passes
 
     forward = both_forward_passes("cuda")  # building and copying to the GPU may sync; the passes may not
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            forward()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    with never_waiting(), torch.autocast("cuda", dtype=torch.bfloat16):
+        forward()
 
 
 @pytest.mark.parametrize("positional", ["sinusoidal", "learned", "rope", "alibi"])
@@ -117,13 +125,8 @@ def test_the_train_stages_losses_never_wait_for_the_gpu(positional):
     from tests.test_model import training_losses
 
     losses = training_losses("cuda", positional=positional)
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            seq2seq_loss, lm_loss = losses()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    with never_waiting(), torch.autocast("cuda", dtype=torch.bfloat16):
+        seq2seq_loss, lm_loss = losses()
     assert torch.isfinite(seq2seq_loss) and torch.isfinite(lm_loss)
 
 
@@ -133,12 +136,8 @@ def test_a_batch_goes_to_the_gpu_without_waiting_for_it():
     from lib.data import Pairs, collate
 
     batch = collate(Pairs([[5, 6, 7], [8]], [[9], [10, 11]]), [0, 1], IDS)
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with never_waiting():
         moved = batch.to(torch.device("cuda"))
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
     for name in ("src", "tgt_in", "tgt_out"):
         assert getattr(moved, name).is_cuda and torch.equal(getattr(moved, name).cpu(), getattr(batch, name))
 

@@ -444,15 +444,23 @@ def test_a_peak_on_a_slow_kernel_is_timed_on_small_products(monkeypatch):
     assert metrics.matmul_peak(bf16, cpu) == 20e9 and set(sizes) == {256}  # the fastest layout, small products
 
 
-def both_forward_passes(device: str):
-    """A seq2seq model (on padded sources) and an LM, in training mode on ``device``, with their inputs:
-    returns a function that runs both forward passes and gives their logits, (6, 10, V) each.
-    Shared by the meta-device test here and the CUDA sync test, which checks only the call."""
-    from tests.test_decoding import IDS, V, sources
+def training_models(device: str, **overrides):
+    """A seq2seq model and an LM (the test config with dropout 0.1 and ``overrides``) in training mode on
+    ``device``, with their inputs: padded sources (6, S) and targets (6, 10) without padding."""
+    from tests.test_decoding import V, sources
 
-    src, tgt = sources().to(device), torch.randint(4, V, (6, 10), device=device)
-    seq2seq = Transformer(model_config(dropout=0.1), V, V, joint_vocab=True).to(device).train()
-    lm = TransformerLM(model_config(dropout=0.1), V).to(device).train()
+    cfg = model_config(dropout=0.1, **overrides)
+    seq2seq = Transformer(cfg, V, V, joint_vocab=True).to(device).train()
+    lm = TransformerLM(cfg, V).to(device).train()
+    return seq2seq, lm, sources().to(device), torch.randint(4, V, (6, 10), device=device)
+
+
+def both_forward_passes(device: str):
+    """``training_models``: returns a function that runs both forward passes and gives their logits, (6, 10, V)
+    each. Shared by the meta-device test here and the CUDA sync test, which checks only the call."""
+    from tests.test_decoding import IDS
+
+    seq2seq, lm, src, tgt = training_models(device)
     return lambda: (seq2seq(src, tgt, padding_mask(src, IDS.pad), target_mask(tgt, IDS.pad)), lm(tgt))
 
 
@@ -468,17 +476,13 @@ def test_the_forward_pass_reads_nothing_back_from_an_accelerator():
 
 
 def training_losses(device: str, **overrides):
-    """The train stage's two losses, ``seq2seq_loss`` (on padded sources) and ``lm_loss``, of models in training
-    mode on ``device`` (the test config with dropout 0.1 and ``overrides``): returns a function that gives both.
-    Shared by the meta-device test here and the CUDA sync test."""
+    """The train stage's two losses, ``seq2seq_loss`` and ``lm_loss``, of ``training_models``: returns a function
+    that gives both. Shared by the meta-device test here and the CUDA sync test."""
     from lib.data import Batch
     from lib.training import lm_loss, seq2seq_loss
-    from tests.test_decoding import IDS, V, sources
+    from tests.test_decoding import IDS
 
-    src, tgt = sources().to(device), torch.randint(4, V, (6, 10), device=device)  # no padding in tgt
-    cfg = model_config(dropout=0.1, **overrides)
-    seq2seq = Transformer(cfg, V, V, joint_vocab=True).to(device).train()
-    lm = TransformerLM(cfg, V).to(device).train()
+    seq2seq, lm, src, tgt = training_models(device, **overrides)
 
     def losses():
         loss, n = seq2seq_loss(seq2seq, Batch(src, tgt, tgt, tgt.numel()), IDS, 0.1)
