@@ -163,7 +163,7 @@ read = lambda name: pd.read_csv(work / f"live/plots/metrics/{name}.tsv", sep="\t
 tokens, mfu, valid = read("train/tokens_per_s"), read("train/mfu"), read("valid/loss")
 skip = min(20, len(tokens) // 5)  # warm-up steps
 benches = [json.loads(line) for line in (work / "throughput.jsonl").read_text().splitlines()]
-SHOWN = ("step_ms", "busy_ms", "kinds_share", "error")  # of each profile: the rest is in throughput.jsonl
+SHOWN = ("step_ms", "busy_ms", "matmul_tflops", "kinds_share", "error")  # of each profile: the rest is in throughput.jsonl
 print(json.dumps({
     "benchmark": "gpu_check", "device": benches[0]["device"], "torch": sys.argv[6], "cuda_tests": tests,
     "peak_tflops": peak,

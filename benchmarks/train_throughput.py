@@ -30,7 +30,9 @@ torch.profiler, its operators' own time (a GPU's kernels, else the CPU's)
 summed by kind (matmul, softmax, norm, dropout, cast and copy, optimizer,
 other) and the costliest operators (and, on a GPU, kernels), in ms a step;
 "ops_per_step" counts the operator calls that took time (on a GPU, those that
-launched a kernel). The profiler slows the host: "step_ms" there is the
+launched a kernel); "matmul_tflops" is the products' own rate (their FLOPs over
+their time), and "top_matmuls" the costliest by shape: [operator, input shapes,
+calls, ms, TFLOP/s] a step. The profiler slows the host: "step_ms" there is the
 profiled step's.
 """
 
@@ -147,7 +149,7 @@ def profile(steps, device: torch.device) -> dict:
     if device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     start = clock(device)
-    with torch.profiler.profile(activities=activities) as prof:
+    with torch.profiler.profile(activities=activities, record_shapes=True, with_flops=True) as prof:
         for step in steps:
             step()
         clock(device)  # the queued kernels are recorded before the profile ends
@@ -168,6 +170,15 @@ def profile(steps, device: torch.device) -> dict:
               # None where nothing was recorded (a GPU whose profiler interface, CUPTI, is missing records no kernels)
               "kinds_share": {kind: round(ms / busy, 3) if busy else None for kind, ms in kinds.items()},
               "top_ops": top(ops)}
+    # The products' own rate, by shape: a GEMM whose output has few tiles (a 512 x 512 weight's gradient, summed
+    # over 50k tokens) can leave most of a GPU idle however fast its square products are.
+    products = [(e.key, e.input_shapes, e.count / n, own(e) / 1000 / n, e.flops / n)
+                for e in prof.key_averages(group_by_input_shape=True)
+                if e.device_type.name == "CPU" and e.flops and kind_of(e.key) == "matmul"]
+    product_ms = sum(ms for *_, ms, _ in products)
+    result["matmul_tflops"] = round(sum(f for *_, f in products) / product_ms / 1e9, 3) if product_ms else None
+    result["top_matmuls"] = [[name, shapes, round(calls, 1), round(ms, 3), round(f / ms / 1e9, 3) if ms else None]
+                             for name, shapes, calls, ms, f in sorted(products, key=lambda row: -row[3])[:10]]
     if device.type == "cuda":  # the kernels themselves: which GEMMs, which element-wise passes
         result["top_kernels"] = top([(e.key[:120], e.count / n, e.self_device_time_total / 1000 / n)
                                      for e in events if e.device_type.name == "CUDA"])

@@ -71,6 +71,7 @@ def test_gpu_check_runs_every_step_and_summarises(tmp_path):
             shares = profiled["kinds_share"]
             assert 0 < profiled["busy_ms"] <= profiled["step_ms"] * 1.05 and shares["matmul"] > 0.05, (name, profiled)
             assert abs(sum(shares.values()) - 1) < 0.01, (name, shares)
+            assert profiled["matmul_tflops"] > 0, (name, profiled)  # the products' own rate, in the summary
     assert (work / "model.pt").is_file()
     assert train["compile"] == "failed" and "training eager instead" in result.stderr
     # The error ends the log that the script shows the end of: no noise from the interpreter's teardown after it.
@@ -112,3 +113,22 @@ def test_a_profile_that_fails_says_why_and_spares_the_rest(monkeypatch):
     monkeypatch.setattr(train_throughput, "profile", broken)
     assert train_throughput.profile_or_why([], torch.device("cpu")) == {
         "error": "RuntimeError: CUPTI_ERROR_NOT_INITIALIZED"}
+
+
+def test_a_profile_gives_the_products_rate_by_shape():
+    """The H200's step ran at 0.12-0.15 MFU with no way to tell slow GEMMs from time spent elsewhere: the
+    profile gives the products' own rate, and each shape's. Two steps of one known product and a smaller one:
+    each shape's FLOPs (rate x time) are its own, 2 n^3 a call."""
+    from benchmarks.train_throughput import profile
+
+    big, small = torch.randn(512, 512), torch.randn(8, 128, 128)  # ms each: the rounding (to 1 us) stays small
+    result = profile([lambda: (big @ big, torch.bmm(small, small), big + big)] * 2, torch.device("cpu"))
+    rows = {name: (shapes, calls, ms, rate) for name, shapes, calls, ms, rate in result["top_matmuls"]}
+    assert set(rows) == {"aten::mm", "aten::bmm"}, result["top_matmuls"]  # the addition is no product
+    flops = {"aten::mm": 2 * 512**3, "aten::bmm": 8 * 2 * 128**3}
+    for name, shapes in (("aten::mm", [[512, 512], [512, 512]]), ("aten::bmm", [[8, 128, 128]] * 2)):
+        got_shapes, calls, ms, rate = rows[name]
+        assert got_shapes == shapes and calls == 1 and ms > 0
+        assert abs(rate * 1e9 * ms / flops[name] - 1) < 0.02, (name, rate, ms)
+    seconds = (rows["aten::mm"][2] + rows["aten::bmm"][2]) / 1000
+    assert abs(result["matmul_tflops"] * 1e12 * seconds / sum(flops.values()) - 1) < 0.02, result
