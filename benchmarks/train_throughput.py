@@ -76,7 +76,8 @@ class TorchReference(nn.Module):
 
     def forward(self, src, tgt, pad_id):
         embed = lambda ids: self.dropout(self.positions(self.embed(ids) * self.scale))  # noqa: E731
-        causal = torch.ones(tgt.size(1), tgt.size(1), dtype=torch.bool, device=tgt.device).triu(1)  # True: may not attend
+        # True: may not attend
+        causal = torch.ones(tgt.size(1), tgt.size(1), dtype=torch.bool, device=tgt.device).triu(1)
         hidden = self.transformer(embed(src), embed(tgt), tgt_mask=causal, tgt_is_causal=True,
                                   src_key_padding_mask=src == pad_id, tgt_key_padding_mask=tgt == pad_id,
                                   memory_key_padding_mask=src == pad_id)

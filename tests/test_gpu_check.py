@@ -132,3 +132,55 @@ def test_a_profile_gives_the_products_rate_by_shape():
         assert abs(rate * 1e9 * ms / flops[name] - 1) < 0.02, (name, rate, ms)
     seconds = (rows["aten::mm"][2] + rows["aten::bmm"][2]) / 1000
     assert abs(result["matmul_tflops"] * 1e12 * seconds / sum(flops.values()) - 1) < 0.02, result
+
+
+def test_gpu_traffic_counts_what_each_operator_moves():
+    """The roofline's bytes (benchmarks/gpu_traffic.py): a dense operator reads and writes each of its tensors
+    once, a broadcast row once; a column of a matrix costs a memory sector a row, not the matrix; a gather
+    touches of its source what its index names; a view moves nothing. Its FLOPs are the products'."""
+    from benchmarks.gpu_traffic import Traffic
+
+    meta = lambda *shape, dtype=torch.float32: torch.empty(*shape, dtype=dtype, device="meta")  # noqa: E731
+    a, m = meta(1000), meta(1000, 8000)
+    with Traffic() as traffic:
+        a + a
+        m + meta(8000)
+        m[:, 3].add_(a)
+        m.gather(1, meta(1000, 1, dtype=torch.long))
+        m.view(8000, 1000).t()
+        meta(64, 32) @ meta(32, 16)
+    assert [op[:3] for op in traffic.ops] == [
+        ("aten::add", 0, 3 * 4000), ("aten::add", 0, 2 * 32_000_000 + 32_000), ("aten::add_", 0, 2 * 32_000 + 4000),
+        ("aten::gather", 0, 32_000 + 8000 + 4000), ("aten::mm", 2 * 64 * 32 * 16, 4 * (64 * 32 + 32 * 16 + 64 * 16))]
+
+
+def test_gpu_traffic_takes_the_gpu_step_that_mfu_counts():
+    """One training step of a small model on fake tensors, on the GPU's paths: the products it runs are those
+    that lib.metrics.training_flops counts for MFU (a batch without padding), its dropout is torch's fused
+    one, its attention makes the pass for fully masked rows that a CPU skips; and lib is as it was after it."""
+    import lib.attention
+    import lib.dropout
+    from benchmarks import gpu_traffic
+    from lib.config import ModelConfig
+    from lib.data import Batch
+    from lib.metrics import training_flops
+    from lib.tokenizer import SpecialIds
+
+    cfg = ModelConfig(d_model=32, n_heads=4, encoder_layers=2, decoder_layers=2, d_ff=64, dropout=0.1,
+                      norm_first=False, tie_embeddings=True, fused_qkv=True, max_len=32, activation_dropout=0.1)
+    ids, V = SpecialIds(pad=0, bos=1, eos=2, unk=3), 50
+    src, tgt = torch.randint(4, V, (6, 9)), torch.randint(4, V, (6, 7))
+    batch = Batch(src, torch.cat([torch.full((6, 1), ids.bos), tgt[:, :-1]], 1), tgt, tgt.numel())
+    before = lib.dropout.eager_on_cpu, lib.attention.eager_on_cpu, torch.nn.functional.dropout
+    ops = gpu_traffic.step_traffic(cfg, V, batch, ids)
+    assert (lib.dropout.eager_on_cpu, lib.attention.eager_on_cpu, torch.nn.functional.dropout) == before
+    flops = training_flops(cfg, V, [9] * 6, [7] * 6)
+    assert sum(op[1] for op in ops) == flops
+    names = {op[0] for op in ops}
+    assert "aten::native_dropout" in names and not names & {"aten::random_", "aten::bernoulli_"}, names
+    assert "aten::masked_fill" in names and "aten::_fused_adam_" in names
+    result = gpu_traffic.roofline(ops, 0.1, 0.01, flops)  # a slow device: figures of many digits
+    seconds = sum(max(op_flops / 0.1e12, moved / 0.01e12) for _, op_flops, moved, _ in ops)
+    assert result["modelled_ms"] == round(seconds * 1000, 3)
+    assert result["mfu_ceiling"] == round(flops / seconds / 0.1e12, 3)
+    assert abs(sum(kind["ms"] for kind in result["by_kind"].values()) - result["modelled_ms"]) < 0.01

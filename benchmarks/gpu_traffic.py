@@ -1,0 +1,203 @@
+"""A GPU training step's FLOPs and memory traffic, counted on a machine without a GPU: the roofline.
+
+One training step of the hand-written model, as train_throughput.py takes it (forward and loss under bf16
+autocast, backward, clipping, fused Adam), runs on fake tensors (torch's FakeTensorMode: shapes, dtypes and
+strides, no data and no memory, so a 60k-token batch of a d_model-512 model costs a second on any CPU). Every
+operator it dispatches is recorded with its FLOPs (torch.utils.flop_counter's formulas: the products) and the
+bytes it moves: each tensor it reads or writes, counted over the elements its strides reach (a broadcast
+row once, not once per use); a view, or an allocation, moves nothing. A GPU's time for the operator is then
+at least max(FLOPs / peak, bytes / bandwidth), and the step's, their sum: what it would take were every
+kernel at the hardware's limit. "mfu_ceiling" is the MFU of that time (lib.metrics.training_flops, on the
+real lengths, over it and the peak): no eager run of these operators can do better.
+
+The step takes the GPU's paths, not the CPU's: torch's dropout (one fused kernel, native_dropout, as CUDA
+runs it), the attention's and the loss's forms for a GPU (lib.dropout.eager_on_cpu false), the loss's
+8,192-row blocks, no id check. CPU autocast puts the same operators in bf16 as CUDA's for this model (the
+products; the residual stream, its LayerNorms and the softmax stay float32). The first kernel-level
+calibration, the H200 of 2026-12-04 (RESULTS.md): modelled 25.1 ms, measured 39.0 ms a step at 56-58k tokens.
+
+Run from the repository root with the venv active:
+    PYTHONPATH=. python benchmarks/gpu_traffic.py [--max-tokens 32768 ...] [--d-model 512] [--peak-tflops 989]
+        [--bandwidth 4.8] [--data DIR --tokenizer DIR]
+Prints one JSON line per --max-tokens: the first batch's step, "by_kind" (ms and GB by train_throughput's
+kinds), and "top_lines" (the forward's lines of lib/, the backward's operators) by modelled ms.
+"""
+
+import argparse
+import contextlib
+import json
+import traceback
+from collections import defaultdict
+from datetime import date
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.flop_counter import flop_registry
+
+import lib.attention
+import lib.dropout
+import lib.model
+import lib.optim
+import lib.training
+from benchmarks import train_throughput
+from benchmarks.train_throughput import ROOT, batch_source, kind_of, ours_loss, train_step
+from lib.config import ModelConfig
+from lib.metrics import training_flops
+from lib.model import Transformer
+
+LIB = str(ROOT / "lib")
+TOP = 15  # lines shown
+SECTOR = 32  # bytes: the least a GPU reads or writes at a time
+SPARSE = ("aten::gather", "aten::scatter_add_", "aten::scatter_", "aten::index_put_", "aten::index",
+          "aten::index_select", "aten::embedding")
+GPU_ROWS = 8192  # lib.optim.generator_nll's block of rows on a GPU
+MOVES_NOTHING = ("aten::detach", "aten::lift_fresh", "aten::_unsafe_view", "aten::empty", "aten::empty_like",
+                 "aten::empty_strided", "aten::_local_scalar_dense")
+
+
+def footprint(t: torch.Tensor) -> int:
+    """Bytes a GPU moves to read or write a tensor: the elements its strides reach (an expanded, stride-0,
+    dimension's once), each scattered element a whole memory sector (a column of a matrix is a sector a row)."""
+    if t.numel() == 0:
+        return 0
+    span = (1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))) * t.element_size()
+    return min(span, t.numel() * max(t.element_size(), SECTOR))
+
+
+def moved(name: str, ins: list[torch.Tensor], outs: list[torch.Tensor]) -> int:
+    """Bytes an operator reads and writes. An in-place one's result is its first input, read and written.
+    Gathers and scatters (``SPARSE``) touch of their first input only the elements their index names."""
+    if name not in SPARSE:
+        return sum(map(footprint, ins + outs))
+    index = next(t for t in ins if not t.is_floating_point())
+    in_place = name.endswith("_")
+    values = ins[-1] if in_place else outs[0]  # what is scattered, or what was gathered
+    touched = min(footprint(ins[0]), max(footprint(values), index.numel() * SECTOR))
+    return touched + sum(map(footprint, ins[1:])) + (touched if in_place else sum(map(footprint, outs)))
+
+
+def caller() -> str | None:
+    """The innermost line of lib/, or of train_throughput's step, that called the operator."""
+    for frame in reversed(traceback.extract_stack()):
+        if frame.filename.startswith(LIB) or frame.filename == train_throughput.__file__:
+            return f"{Path(frame.filename).name}:{frame.lineno} {(frame.line or '').strip()[:70]}"
+    return None
+
+
+class Traffic(TorchDispatchMode):
+    """Each operator that computes: (name, FLOPs, bytes read and written, the line that called it: for the
+    backward pass, which autograd's engine runs, the operator and its dtype)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        name = str(func._overloadpacket).replace("aten.", "aten::")
+        if (func.is_view and not func._schema.is_mutable) or name.startswith("prim.") or name in MOVES_NOTHING:
+            return out
+        ins, outs = ([t for t in tree_leaves(x) if isinstance(t, torch.Tensor)] for x in ((args, kwargs), out))
+        if not ins + outs:
+            return out
+        flops = flop_registry[func._overloadpacket](*args, **kwargs, out_val=out) \
+            if func._overloadpacket in flop_registry else 0
+        where = caller()
+        if where is None or where.endswith("backward()"):  # autograd's engine: by operator
+            where = f"{where or ''} {name} {(ins + outs)[0].dtype}".strip()
+        self.ops.append((name, flops, moved(name, ins, outs), where))
+        return out
+
+
+@contextlib.contextmanager
+def gpu_paths():
+    """The model's and the loss's GPU forms on fake CPU tensors (see the module's docstring)."""
+    dropout = lambda x, p=0.5, training=True, inplace=False: torch.native_dropout(x, p, training)[0]  # noqa: E731
+    patches = [(module, "eager_on_cpu", lambda x: False) for module in (lib.dropout, lib.attention, lib.optim)]
+    patches += [(lib.model.Embedding, "check_ids", lambda self, ids, start: None), (F, "dropout", dropout),
+                (lib.training, "generator_nll", partial(lib.optim.generator_nll, rows=GPU_ROWS))]
+    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
+    try:
+        for owner, name, value in patches:
+            setattr(owner, name, value)
+        yield
+    finally:
+        for owner, name, value in saved:
+            setattr(owner, name, value)
+
+
+def step_traffic(cfg: ModelConfig, vocab_size: int, batch, ids) -> list[tuple]:
+    """The operators of one bf16 training step of a new model on ``batch``, on fake tensors."""
+    with FakeTensorMode(allow_non_fake_inputs=True), gpu_paths():
+        model = Transformer(cfg, vocab_size, vocab_size, joint_vocab=True)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
+        with Traffic() as traffic:
+            train_step(model, ours_loss, optimizer, batch, ids, "bf16")
+    return traffic.ops
+
+
+def roofline(ops: list[tuple], peak_tflops: float, bandwidth: float, model_flops: float) -> dict:
+    """The modelled time of ``ops`` at ``peak_tflops`` and ``bandwidth`` (TB/s), by kind and by line."""
+    seconds = lambda flops, moved: max(flops / (peak_tflops * 1e12), moved / (bandwidth * 1e12))  # noqa: E731
+    kinds, lines = defaultdict(lambda: [0.0, 0.0]), defaultdict(lambda: [0.0, 0.0])
+    for name, flops, moved, where in ops:
+        for totals in (kinds[kind_of(name)], lines[where]):
+            totals[0] += seconds(flops, moved)
+            totals[1] += moved
+    total = sum(s for s, _ in kinds.values())
+    shown = lambda totals: {"ms": round(totals[0] * 1000, 3), "gb": round(totals[1] / 1e9, 3)}  # noqa: E731
+    return {
+        "ops": len(ops), "tflop": round(sum(op[1] for op in ops) / 1e12, 4),
+        "model_tflop": round(model_flops / 1e12, 4), "gb": round(sum(op[2] for op in ops) / 1e9, 3),
+        "modelled_ms": round(total * 1000, 3), "mfu_ceiling": round(model_flops / total / (peak_tflops * 1e12), 3),
+        "by_kind": {kind: shown(t) for kind, t in sorted(kinds.items(), key=lambda kv: -kv[1][0])},
+        "top_lines": [[where, *shown(t).values()] for where, t in sorted(lines.items(), key=lambda kv: -kv[1][0])[:TOP]],
+    }
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--d-model", type=int, default=512)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--layers", type=int, default=3)
+    parser.add_argument("--d-ff", type=int, default=None, help="default: 4 x --d-model")
+    parser.add_argument("--dropout", type=float, default=0.2)
+    parser.add_argument("--activation-dropout", type=float, default=0.0)
+    parser.add_argument("--max-tokens", type=int, nargs="+", default=[32768], help="as gpu_check.sh's MAX_TOKENS")
+    parser.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 (H100/H200 SXM: 989)")
+    parser.add_argument("--bandwidth", type=float, default=4.8, help="memory bandwidth, TB/s (H200: 4.8)")
+    parser.add_argument("--data", type=Path, default=ROOT / "data" / "multi30k", help="the prepared multi30k data")
+    parser.add_argument("--tokenizer", type=Path, default=ROOT / "models" / "multi30k" / "tokenizer")
+    return parser.parse_args()
+
+
+def main():
+    args = parse_args()
+    cfg = ModelConfig(d_model=args.d_model, n_heads=args.heads, encoder_layers=args.layers,
+                      decoder_layers=args.layers, d_ff=args.d_ff or 4 * args.d_model, dropout=args.dropout,
+                      norm_first=False, tie_embeddings=True, fused_qkv=True, max_len=256,
+                      activation_dropout=args.activation_dropout)
+    batches_at, ids, V, source = batch_source(args.data, args.tokenizer, 1)
+    for max_tokens in args.max_tokens:
+        batch = batches_at(max_tokens)[0]
+        src_lengths, tgt_lengths = (batch.src != ids.pad).sum(1).tolist(), (batch.tgt_out != ids.pad).sum(1).tolist()
+        print(json.dumps({
+            "benchmark": "gpu_traffic", "date": date.today().isoformat(), "torch": torch.__version__,
+            "batches": source, "model": {k: getattr(cfg, k) for k in ("d_model", "n_heads", "encoder_layers",
+                                                                       "decoder_layers", "d_ff", "dropout")},
+            "max_tokens": max_tokens, "tokens": sum(src_lengths) + sum(tgt_lengths),
+            "batch_shapes": [list(batch.src.shape), list(batch.tgt_out.shape)],
+            "peak_tflops": args.peak_tflops, "bandwidth_tb_s": args.bandwidth,
+            **roofline(step_traffic(cfg, V, batch, ids), args.peak_tflops, args.bandwidth,
+                       training_flops(cfg, V, src_lengths, tgt_lengths)),
+        }), flush=True)
+
+
+if __name__ == "__main__":
+    main()
