@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One GPU, about 5 minutes: the CUDA-marked tests, the eager training step against torch.nn.Transformer
 # (train_throughput.py, at three batch sizes, each with a profile of a few steps: where a step's time
-# goes), then multi30k trained for a few minutes in bf16 at d_model 512, eager (COMPILE=1: compiled,
+# goes, and the products' own rate), ours compiled at the train stage's batch (what fusing buys), then
+# multi30k trained for a minute in bf16 at d_model 512, eager (COMPILE=1: compiled,
 # train.compile; eager again if compiling fails). Ends with one JSON line: tokens/s, model FLOPs
 # utilisation (MFU) and the validation loss reached.
 #
@@ -15,12 +16,12 @@
 #   BUNDLE=.gpu bash benchmarks/gpu_check.sh  # there
 #
 # Settings (environment): PEAK_TFLOPS, the GPU's dense bf16 peak (H100/H200 SXM: 989); MULTI30K, the
-# raw task-1 files; MINUTES of training (2.5); MAX_TOKENS a batch (32768: a d_model 512 step is then
+# raw task-1 files; MINUTES of training (1); MAX_TOKENS a batch (32768: a d_model 512 step is then
 # ~15 ms of matmuls at 30% of an H100's peak, long enough to hide the launches); D_MODEL (512);
 # WORK, a scratch directory (/tmp/gpu_check); COMPILE=1 trains compiled (on an H200 compiling took 3 of
 # 2.5 minutes, for 4% more tokens/s: the loss reached then measures nothing);
 # DEVICE=cpu MINUTES=0.1 D_MODEL=64 MAX_TOKENS=2048 runs the same steps on a CPU, a dry run of the
-# script itself.
+# script itself (its compiled step compiles C++ there: minutes).
 set -euo pipefail
 PYTHON=${PYTHON:-python3}
 WORK=${WORK:-/tmp/gpu_check}
@@ -67,7 +68,7 @@ fi
 PEAK_TFLOPS=${PEAK_TFLOPS:-989}
 MULTI30K=${MULTI30K:-${BUNDLE:+$BUNDLE/multi30k}}
 MULTI30K=${MULTI30K:-../shared/data/multi30k}
-MINUTES=${MINUTES:-2.5}
+MINUTES=${MINUTES:-1}
 MAX_TOKENS=${MAX_TOKENS:-32768}
 D_MODEL=${D_MODEL:-512}
 DEVICE=${DEVICE:-cuda}
@@ -126,13 +127,25 @@ write_params "$COMPILE"
 
 # The eager step alone at a quarter of, at and at twice the train stage's batch: how MFU moves with
 # the batch (launch-bound when it rises with it, bound by the kernels themselves when it does not),
-# and a profile of each: which kernels the time goes to.
+# and a profile of each: which kernels the time goes to, and the products' own rate.
 steps=10 rounds=2 profile=3
 [ "$DEVICE" = cpu ] && steps=2 rounds=1 profile=1
-PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" benchmarks/train_throughput.py --device "$DEVICE" \
-  --precision bf16 --d-model "$D_MODEL" --d-ff $((4 * D_MODEL)) --heads 8 --layers 3 --dropout 0.2 \
-  --activation-dropout 0 --max-tokens $((MAX_TOKENS / 4)) "$MAX_TOKENS" $((MAX_TOKENS * 2)) --steps $steps \
-  --rounds $rounds --profile $profile --data "$WORK/data" --tokenizer "$WORK/tokenizer" | tee "$WORK/throughput.jsonl"
+throughput() {
+  PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" benchmarks/train_throughput.py --device "$DEVICE" \
+    --precision bf16 --d-model "$D_MODEL" --d-ff $((4 * D_MODEL)) --heads 8 --layers 3 --dropout 0.2 \
+    --activation-dropout 0 --steps $steps --rounds $rounds --profile $profile --data "$WORK/data" \
+    --tokenizer "$WORK/tokenizer" "$@"
+}
+throughput --max-tokens $((MAX_TOKENS / 4)) "$MAX_TOKENS" $((MAX_TOKENS * 2)) | tee "$WORK/throughput.jsonl"
+# Ours compiled (train.compile's torch.compile: the element-wise work around the products fused) at the
+# train stage's batch, and its profile: what fusing buys. Compiling takes a minute or two; should it
+# fail, the summary says why and the training still runs.
+if throughput --max-tokens "$MAX_TOKENS" --models ours --compile >"$WORK/compiled.jsonl" 2>"$WORK/compiled.log"; then
+  cat "$WORK/compiled.jsonl"
+else
+  tail -c 2000 "$WORK/compiled.log"
+  echo "gpu_check: the compiled step failed (above); going on" >&2
+fi
 
 # The progress bar goes to train.log with the rest; the log's own lines are shown.
 train() {
@@ -163,7 +176,18 @@ read = lambda name: pd.read_csv(work / f"live/plots/metrics/{name}.tsv", sep="\t
 tokens, mfu, valid = read("train/tokens_per_s"), read("train/mfu"), read("valid/loss")
 skip = min(20, len(tokens) // 5)  # warm-up steps
 benches = [json.loads(line) for line in (work / "throughput.jsonl").read_text().splitlines()]
-SHOWN = ("step_ms", "busy_ms", "matmul_tflops", "kinds_share", "error")  # of each profile: the rest is in throughput.jsonl
+compiled_step = [json.loads(line) for line in (work / "compiled.jsonl").read_text().splitlines()]
+SHOWN = ("step_ms", "busy_ms", "matmul_tflops", "kinds_share", "error")  # of each profile: the rest is in the .jsonl
+
+
+def shown(b: dict) -> dict:  # one line of train_throughput.py's, in short
+    return {"max_tokens": b["max_tokens"], "tokens_per_step": b["tokens_per_step"], "tokens_per_s": b["tokens_per_s"],
+            **{k: b[k] for k in ("ratio_ours_over_torch",) if k in b},
+            "matmul_peak_tflops": max(b["matmul_peak_gflops"]) / 1000, "mfu_vs_measured_peak": b["mfu"],
+            "profile": {name: {k: v for k, v in p.items() if k in SHOWN} for name, p in b["profile"].items()}}
+
+
+failed = [line for line in (work / "compiled.log").read_text().splitlines() if line.strip()][-1:]
 print(json.dumps({
     "benchmark": "gpu_check", "device": benches[0]["device"], "torch": sys.argv[6], "cuda_tests": tests,
     "peak_tflops": peak,
@@ -171,11 +195,8 @@ print(json.dumps({
               "tokens_per_s_median": round(tokens[skip:].median()),
               "mfu_median": round(mfu[skip:].median(), 3), "best_valid_loss": round(valid.min(), 4),
               "epochs": len(valid), "steps": len(tokens)},
-    "throughput": [{"max_tokens": b["max_tokens"], "tokens_per_step": b["tokens_per_step"],
-                    "tokens_per_s": b["tokens_per_s"], "ratio_ours_over_torch": b["ratio_ours_over_torch"],
-                    "matmul_peak_tflops": max(b["matmul_peak_gflops"]) / 1000, "mfu_vs_measured_peak": b["mfu"],
-                    "profile": {name: {k: v for k, v in p.items() if k in SHOWN} for name, p in b["profile"].items()}}
-                   for b in sorted(benches, key=lambda b: b["max_tokens"])],
+    "throughput": [shown(b) for b in sorted(benches, key=lambda b: b["max_tokens"])],
+    "compiled_step": shown(compiled_step[0]) if compiled_step else {"error": (failed or ["no output"])[0][:300]},
 }))
 PY
 [ "$tests" = passed ]

@@ -58,6 +58,7 @@ from lib.tokenizer import SpecialIds, encode_pairs, load_tokenizers, special_ids
 from lib.training import compile_model, keep_freed_memory, seq2seq_loss
 
 ROOT = Path(__file__).resolve().parents[1]
+MODELS = ("ours", "torch_nn_transformer")
 
 
 class TorchReference(nn.Module):
@@ -210,8 +211,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=10, help="batches per model per round")
     parser.add_argument("--rounds", type=int, default=4, help="timed rounds, after one warm-up round")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS),
+                        help="which to time (default both, alternately)")
     parser.add_argument("--compile", action="store_true",
-                        help="torch.compile both models' forward passes, as train.compile does (the warm-up "
+                        help="torch.compile the models' forward passes, as train.compile does (the warm-up "
                              "round compiles them)")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="then N steps of each model under torch.profiler: where a step's time goes")
@@ -221,11 +224,13 @@ def parse_args() -> argparse.Namespace:
 
 
 def measure(args: argparse.Namespace, cfg: ModelConfig, batches: list[Batch], ids: SpecialIds, V: int) -> dict:
-    """Both models, new from seed 0, trained on ``batches`` round after round: the figures of one JSON line."""
+    """The models (--models), new from seed 0, trained on ``batches`` round after round: the figures of one
+    JSON line."""
     torch.manual_seed(0)
     device = torch.device(args.device)
-    models = {"ours": (Transformer(cfg, V, V, joint_vocab=True).to(device), ours_loss),
-              "torch_nn_transformer": (TorchReference(cfg, V).to(device), torch_loss)}
+    built = {"ours": lambda: (Transformer(cfg, V, V, joint_vocab=True).to(device), ours_loss),
+             "torch_nn_transformer": lambda: (TorchReference(cfg, V).to(device), torch_loss)}
+    models = {name: build() for name, build in built.items() if name in args.models}
     if args.compile:  # as the train stage does: one graph for the batches' varying shapes
         models = {name: (compile_model(m, "seq2seq"), loss) for name, (m, loss) in models.items()}
     optimizers = {name: torch.optim.Adam(m.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
@@ -268,7 +273,7 @@ def measure(args: argparse.Namespace, cfg: ModelConfig, batches: list[Batch], id
         "tokens_per_step": round(tokens / len(batches)),
         "tokens_per_s": {name: round(r) for name, r in rate.items()},
         "ms_per_step": {name: round(s / (args.rounds * len(batches)) * 1000, 1) for name, s in seconds.items()},
-        "ratio_ours_over_torch": round(rate["ours"] / rate["torch_nn_transformer"], 3),
+        **({"ratio_ours_over_torch": round(rate["ours"] / rate["torch_nn_transformer"], 3)} if len(rate) == 2 else {}),
         "round_s": {name: [round(s, 2) for s in values] for name, values in rounds.items()},
         "warmup_round_s": {name: round(s, 2) for name, s in warmup.items()},  # with --compile, mostly compiling
         "matmul_peak_gflops": [round(p / 1e9, 1) for p in peaks],

@@ -21,9 +21,16 @@ import sys
 
 
 def broken_compile(model, **kwargs):
-    def compiled(*args, **kwargs):
-        raise RuntimeError('no compiler here: a stand-in for one that fails')
-    return compiled
+    import torch
+
+    class Compiled(torch.nn.Module):  # as torch.compile's module: the model's parameters, a call that fails
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, *args, **kwargs):
+            raise RuntimeError('no compiler here: a stand-in for one that fails')
+    return Compiled()
 
 
 class BreakCompileOnImport(importlib.abc.MetaPathFinder):
@@ -72,6 +79,9 @@ def test_gpu_check_runs_every_step_and_summarises(tmp_path):
             assert 0 < profiled["busy_ms"] <= profiled["step_ms"] * 1.05 and shares["matmul"] > 0.05, (name, profiled)
             assert abs(sum(shares.values()) - 1) < 0.01, (name, shares)
             assert profiled["matmul_tflops"] > 0, (name, profiled)  # the products' own rate, in the summary
+    # The compiled step fails as the compiled training does: the summary says why, and the training still ran.
+    assert summary["compiled_step"] == {"error": "RuntimeError: no compiler here: a stand-in for one that fails"}
+    assert "the compiled step failed" in result.stderr
     assert (work / "model.pt").is_file()
     assert train["compile"] == "failed" and "training eager instead" in result.stderr
     # The error ends the log that the script shows the end of: no noise from the interpreter's teardown after it.
