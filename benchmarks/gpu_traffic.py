@@ -103,7 +103,8 @@ class Traffic(TorchDispatchMode):
         name = str(func._overloadpacket).replace("aten.", "aten::")
         if (func.is_view and not func._schema.is_mutable) or name.startswith("prim.") or name in MOVES_NOTHING:
             return out
-        ins, outs = ([t for t in tree_leaves(x) if isinstance(t, torch.Tensor)] for x in ((args, kwargs), out))
+        read = (args, {k: v for k, v in kwargs.items() if k != "out"})  # an out= tensor is written, not read
+        ins, outs = ([t for t in tree_leaves(x) if isinstance(t, torch.Tensor)] for x in (read, out))
         if not ins + outs:
             return out
         flops = flop_registry[func._overloadpacket](*args, **kwargs, out_val=out) \
