@@ -13,8 +13,9 @@ real lengths, over it and the peak): no eager run of these operators can do bett
 The step takes the GPU's paths, not the CPU's: torch's dropout (one fused kernel, native_dropout, as CUDA
 runs it), the attention's and the loss's forms for a GPU (lib.dropout.eager_on_cpu false), the loss's
 8,192-row blocks, no id check. CPU autocast puts the same operators in bf16 as CUDA's for this model (the
-products; the residual stream, its LayerNorms and the softmax stay float32). The first kernel-level
-calibration, the H200 of 2026-12-04 (RESULTS.md): modelled 25.1 ms, measured 39.0 ms a step at 56-58k tokens.
+products; the residual stream, its LayerNorms and the softmax stay float32). Against a measurement: the
+H200 of 2026-12-04 ran the eager step at 2.2x its roofline, from 32k tokens a batch (RESULTS.md, forty-seventh
+session).
 
 Run from the repository root with the venv active:
     PYTHONPATH=. python benchmarks/gpu_traffic.py [--max-tokens 32768 ...] [--d-model 512] [--peak-tflops 989]
