@@ -159,7 +159,8 @@ def roofline(ops: list[tuple], peak_tflops: float, bandwidth: float, model_flops
         "model_tflop": round(model_flops / 1e12, 4), "gb": round(sum(op[2] for op in ops) / 1e9, 3),
         "modelled_ms": round(total * 1000, 3), "mfu_ceiling": round(model_flops / total / (peak_tflops * 1e12), 3),
         "by_kind": {kind: shown(t) for kind, t in sorted(kinds.items(), key=lambda kv: -kv[1][0])},
-        "top_lines": [[where, *shown(t).values()] for where, t in sorted(lines.items(), key=lambda kv: -kv[1][0])[:TOP]],
+        "top_lines": [[where, *shown(t).values()]
+                      for where, t in sorted(lines.items(), key=lambda kv: -kv[1][0])[:TOP]],
     }
 
 

@@ -155,7 +155,8 @@ def test_the_bf16_loss_moves_less_than_float32_and_a_cast(monkeypatch):
     monkeypatch.setattr("lib.optim.eager_on_cpu", lambda x: False)  # the form a GPU takes
     torch.manual_seed(0)
     n, V = 256, 4000
-    generator, hidden, target = torch.nn.Linear(64, V), torch.randn(n, 64, requires_grad=True), torch.randint(1, V, (n,))
+    generator, hidden = torch.nn.Linear(64, V), torch.randn(n, 64, requires_grad=True)
+    target = torch.randint(1, V, (n,))
     with torch.autocast("cpu", dtype=torch.bfloat16), Traffic() as traffic:
         generator_nll(hidden, generator, target, PAD, 0.1, rows=n)
     assert sum(moved for _, _, moved, _ in traffic.ops) / (n * V) < 46
