@@ -18,10 +18,11 @@ H200 of 2026-12-04 ran the eager step at 2.2x its roofline, from 32k tokens a ba
 session).
 
 Run from the repository root with the venv active:
-    PYTHONPATH=. python benchmarks/gpu_traffic.py [--max-tokens 32768 ...] [--d-model 512] [--peak-tflops 989]
-        [--bandwidth 4.8] [--data DIR --tokenizer DIR]
-Prints one JSON line per --max-tokens: the first batch's step, "by_kind" (ms and GB by train_throughput's
-kinds), and "top_lines" (the forward's lines of lib/, the backward's operators) by modelled ms.
+    PYTHONPATH=. python benchmarks/gpu_traffic.py [--max-tokens 32768 ...] [--batches 10] [--d-model 512]
+        [--peak-tflops 989] [--bandwidth 4.8] [--data DIR --tokenizer DIR]
+Prints one JSON line per --max-tokens: a step's figures over the first --batches batches (10: those that
+train_throughput.py times with its default --steps), "by_kind" (ms and GB by train_throughput's kinds), and
+"top_lines" (the forward's lines of lib/, the backward's operators) by modelled ms.
 """
 
 import argparse
@@ -144,8 +145,9 @@ def step_traffic(cfg: ModelConfig, vocab_size: int, batch, ids) -> list[tuple]:
     return traffic.ops
 
 
-def roofline(ops: list[tuple], peak_tflops: float, bandwidth: float, model_flops: float) -> dict:
-    """The modelled time of ``ops`` at ``peak_tflops`` and ``bandwidth`` (TB/s), by kind and by line."""
+def roofline(ops: list[tuple], peak_tflops: float, bandwidth: float, model_flops: float, steps: int = 1) -> dict:
+    """The modelled time of ``ops`` (those of ``steps`` steps, ``model_flops`` theirs) at ``peak_tflops`` and
+    ``bandwidth`` (TB/s), a step's, by kind and by line."""
     seconds = lambda flops, moved: max(flops / (peak_tflops * 1e12), moved / (bandwidth * 1e12))  # noqa: E731
     kinds, lines = defaultdict(lambda: [0.0, 0.0]), defaultdict(lambda: [0.0, 0.0])
     for name, flops, moved, where in ops:
@@ -153,11 +155,15 @@ def roofline(ops: list[tuple], peak_tflops: float, bandwidth: float, model_flops
             totals[0] += seconds(flops, moved)
             totals[1] += moved
     total = sum(s for s, _ in kinds.values())
-    shown = lambda totals: {"ms": round(totals[0] * 1000, 3), "gb": round(totals[1] / 1e9, 3)}  # noqa: E731
+
+    def shown(totals: list[float]) -> dict:
+        return {"ms": round(totals[0] * 1000 / steps, 3), "gb": round(totals[1] / 1e9 / steps, 3)}
+
     return {
-        "ops": len(ops), "tflop": round(sum(op[1] for op in ops) / 1e12, 4),
-        "model_tflop": round(model_flops / 1e12, 4), "gb": round(sum(op[2] for op in ops) / 1e9, 3),
-        "modelled_ms": round(total * 1000, 3), "mfu_ceiling": round(model_flops / total / (peak_tflops * 1e12), 3),
+        "ops": round(len(ops) / steps), "tflop": round(sum(op[1] for op in ops) / 1e12 / steps, 4),
+        "model_tflop": round(model_flops / 1e12 / steps, 4), "gb": round(sum(op[2] for op in ops) / 1e9 / steps, 3),
+        "modelled_ms": round(total * 1000 / steps, 3),
+        "mfu_ceiling": round(model_flops / total / (peak_tflops * 1e12), 3),
         "by_kind": {kind: shown(t) for kind, t in sorted(kinds.items(), key=lambda kv: -kv[1][0])},
         "top_lines": [[where, *shown(t).values()]
                       for where, t in sorted(lines.items(), key=lambda kv: -kv[1][0])[:TOP]],
@@ -173,6 +179,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--dropout", type=float, default=0.2)
     parser.add_argument("--activation-dropout", type=float, default=0.0)
     parser.add_argument("--max-tokens", type=int, nargs="+", default=[32768], help="as gpu_check.sh's MAX_TOKENS")
+    parser.add_argument("--batches", type=int, default=10,
+                        help="steps modelled, each on its own batch: train_throughput's first --steps batches")
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 (H100/H200 SXM: 989)")
     parser.add_argument("--bandwidth", type=float, default=4.8, help="memory bandwidth, TB/s (H200: 4.8)")
     parser.add_argument("--data", type=Path, default=ROOT / "data" / "multi30k", help="the prepared multi30k data")
@@ -186,19 +194,22 @@ def main():
                       decoder_layers=args.layers, d_ff=args.d_ff or 4 * args.d_model, dropout=args.dropout,
                       norm_first=False, tie_embeddings=True, fused_qkv=True, max_len=256,
                       activation_dropout=args.activation_dropout)
-    batches_at, ids, V, source = batch_source(args.data, args.tokenizer, 1)
+    batches_at, ids, V, source = batch_source(args.data, args.tokenizer, args.batches)
     for max_tokens in args.max_tokens:
-        batch = batches_at(max_tokens)[0]
-        src_lengths, tgt_lengths = (batch.src != ids.pad).sum(1).tolist(), (batch.tgt_out != ids.pad).sum(1).tolist()
+        batches = batches_at(max_tokens)
+        ops, tokens, flops = [], 0, 0.0
+        for batch in batches:
+            src_lengths, tgt_lengths = ((b != ids.pad).sum(1).tolist() for b in (batch.src, batch.tgt_out))
+            ops += step_traffic(cfg, V, batch, ids)
+            tokens += sum(src_lengths) + sum(tgt_lengths)
+            flops += training_flops(cfg, V, src_lengths, tgt_lengths)
         print(json.dumps({
             "benchmark": "gpu_traffic", "date": date.today().isoformat(), "torch": torch.__version__,
             "batches": source, "model": {k: getattr(cfg, k) for k in ("d_model", "n_heads", "encoder_layers",
                                                                        "decoder_layers", "d_ff", "dropout")},
-            "max_tokens": max_tokens, "tokens": sum(src_lengths) + sum(tgt_lengths),
-            "batch_shapes": [list(batch.src.shape), list(batch.tgt_out.shape)],
+            "max_tokens": max_tokens, "steps": len(batches), "tokens_per_step": round(tokens / len(batches)),
             "peak_tflops": args.peak_tflops, "bandwidth_tb_s": args.bandwidth,
-            **roofline(step_traffic(cfg, V, batch, ids), args.peak_tflops, args.bandwidth,
-                       training_flops(cfg, V, src_lengths, tgt_lengths)),
+            **roofline(ops, args.peak_tflops, args.bandwidth, flops, len(batches)),
         }), flush=True)
 
 

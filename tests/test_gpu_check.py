@@ -194,3 +194,4 @@ def test_gpu_traffic_takes_the_gpu_step_that_mfu_counts():
     assert result["modelled_ms"] == round(seconds * 1000, 3)
     assert result["mfu_ceiling"] == round(flops / seconds / 0.1e12, 3)
     assert abs(sum(kind["ms"] for kind in result["by_kind"].values()) - result["modelled_ms"]) < 0.01
+    assert gpu_traffic.roofline(ops * 3, 0.1, 0.01, 3 * flops, steps=3) == result  # figures a step
