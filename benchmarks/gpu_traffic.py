@@ -170,6 +170,17 @@ def roofline(ops: list[tuple], peak_tflops: float, bandwidth: float, model_flops
     }
 
 
+def positive(kind):
+    """An argparse type: a number of ``kind`` above 0 (a rate or a count of 0 would divide by zero)."""
+    def parse(text: str):
+        value = kind(text)
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"{text}: must be above 0")
+        return value
+    parse.__name__ = kind.__name__  # argparse names the type in its message
+    return parse
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--d-model", type=int, default=512)
@@ -178,11 +189,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--d-ff", type=int, default=None, help="default: 4 x --d-model")
     parser.add_argument("--dropout", type=float, default=0.2)
     parser.add_argument("--activation-dropout", type=float, default=0.0)
-    parser.add_argument("--max-tokens", type=int, nargs="+", default=[32768], help="as gpu_check.sh's MAX_TOKENS")
-    parser.add_argument("--batches", type=int, default=10,
+    parser.add_argument("--max-tokens", type=positive(int), nargs="+", default=[32768],
+                        help="as gpu_check.sh's MAX_TOKENS")
+    parser.add_argument("--batches", type=positive(int), default=10,
                         help="steps modelled, each on its own batch: train_throughput's first --steps batches")
-    parser.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 (H100/H200 SXM: 989)")
-    parser.add_argument("--bandwidth", type=float, default=4.8, help="memory bandwidth, TB/s (H200: 4.8)")
+    parser.add_argument("--peak-tflops", type=positive(float), default=989.0, help="dense bf16 (H100/H200 SXM: 989)")
+    parser.add_argument("--bandwidth", type=positive(float), default=4.8, help="memory bandwidth, TB/s (H200: 4.8)")
     parser.add_argument("--data", type=Path, default=ROOT / "data" / "multi30k", help="the prepared multi30k data")
     parser.add_argument("--tokenizer", type=Path, default=ROOT / "models" / "multi30k" / "tokenizer")
     return parser.parse_args()

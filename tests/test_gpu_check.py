@@ -5,6 +5,7 @@ import json
 import os
 import sys
 
+import pytest
 import torch
 
 from tests.conftest import ROOT, run_tree
@@ -195,3 +196,15 @@ def test_gpu_traffic_takes_the_gpu_step_that_mfu_counts():
     assert result["mfu_ceiling"] == round(flops / seconds / 0.1e12, 3)
     assert abs(sum(kind["ms"] for kind in result["by_kind"].values()) - result["modelled_ms"]) < 0.01
     assert gpu_traffic.roofline(ops * 3, 0.1, 0.01, 3 * flops, steps=3) == result  # figures a step
+
+
+@pytest.mark.parametrize("arg", [["--batches", "0"], ["--peak-tflops", "0"], ["--bandwidth", "-1"],
+                                 ["--max-tokens", "0"]])
+def test_gpu_traffic_refuses_a_count_or_rate_of_nothing(arg, monkeypatch, capsys):
+    """A rate or count of 0 divided by zero after the work (a traceback); it is named before any."""
+    from benchmarks import gpu_traffic
+
+    monkeypatch.setattr(sys, "argv", ["gpu_traffic.py", *arg])
+    with pytest.raises(SystemExit) as stop:
+        gpu_traffic.parse_args()
+    assert stop.value.code == 2 and f"argument {arg[0]}: {arg[1]}: must be above 0" in capsys.readouterr().err
