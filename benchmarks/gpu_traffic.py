@@ -47,7 +47,7 @@ import lib.model
 import lib.optim
 import lib.training
 from benchmarks import train_throughput
-from benchmarks.train_throughput import ROOT, batch_source, kind_of, ours_loss, train_step
+from benchmarks.train_throughput import ROOT, batch_source, kind_of, ours_loss, positive, train_step
 from lib.config import ModelConfig
 from lib.metrics import training_flops
 from lib.model import Transformer
@@ -168,17 +168,6 @@ def roofline(ops: list[tuple], peak_tflops: float, bandwidth: float, model_flops
         "top_lines": [[where, *shown(t).values()]
                       for where, t in sorted(lines.items(), key=lambda kv: -kv[1][0])[:TOP]],
     }
-
-
-def positive(kind):
-    """An argparse type: a number of ``kind`` above 0 (a rate or a count of 0 would divide by zero)."""
-    def parse(text: str):
-        value = kind(text)
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"{text}: must be above 0")
-        return value
-    parse.__name__ = kind.__name__  # argparse names the type in its message
-    return parse
 
 
 def parse_args() -> argparse.Namespace:

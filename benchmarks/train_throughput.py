@@ -196,6 +196,22 @@ def profile_or_why(steps, device: torch.device) -> dict:
         return {"error": f"{type(err).__name__}: {err}"}
 
 
+def checked(kind, holds, what: str):
+    """An argparse type: a number of ``kind`` for which ``holds``, else an error that says it must be ``what``
+    (a count or rate of 0 divided by zero after the work)."""
+    def parse(text: str):
+        value = kind(text)
+        if not holds(value):
+            raise argparse.ArgumentTypeError(f"{text}: must be {what}")
+        return value
+    parse.__name__ = kind.__name__  # argparse names the type in its message
+    return parse
+
+
+def positive(kind):
+    return checked(kind, lambda value: value > 0, "above 0")
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--d-model", type=int, default=256)
@@ -205,18 +221,18 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--dropout", type=float, default=0.1)
     parser.add_argument("--activation-dropout", type=float, default=None,
                         help="ours only, on the feed-forward's activation (default: --dropout, as torch's layer has)")
-    parser.add_argument("--max-tokens", type=int, nargs="+", default=[2048],
+    parser.add_argument("--max-tokens", type=positive(int), nargs="+", default=[2048],
                         help="token budget of a multi30k batch; several: one measurement (a JSON line) each")
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
-    parser.add_argument("--steps", type=int, default=10, help="batches per model per round")
-    parser.add_argument("--rounds", type=int, default=4, help="timed rounds, after one warm-up round")
+    parser.add_argument("--steps", type=positive(int), default=10, help="batches per model per round")
+    parser.add_argument("--rounds", type=positive(int), default=4, help="timed rounds, after one warm-up round")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS),
                         help="which to time (default both, alternately)")
     parser.add_argument("--compile", action="store_true",
                         help="torch.compile the models' forward passes, as train.compile does (the warm-up "
                              "round compiles them)")
-    parser.add_argument("--profile", type=int, default=0, metavar="N",
+    parser.add_argument("--profile", type=checked(int, lambda n: n >= 0, "0 or more"), default=0, metavar="N",
                         help="then N steps of each model under torch.profiler: where a step's time goes")
     parser.add_argument("--data", type=Path, default=ROOT / "data" / "multi30k", help="the prepared multi30k data")
     parser.add_argument("--tokenizer", type=Path, default=ROOT / "models" / "multi30k" / "tokenizer")

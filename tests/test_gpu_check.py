@@ -198,13 +198,18 @@ def test_gpu_traffic_takes_the_gpu_step_that_mfu_counts():
     assert gpu_traffic.roofline(ops * 3, 0.1, 0.01, 3 * flops, steps=3) == result  # figures a step
 
 
-@pytest.mark.parametrize("arg", [["--batches", "0"], ["--peak-tflops", "0"], ["--bandwidth", "-1"],
-                                 ["--max-tokens", "0"]])
-def test_gpu_traffic_refuses_a_count_or_rate_of_nothing(arg, monkeypatch, capsys):
-    """A rate or count of 0 divided by zero after the work (a traceback); it is named before any."""
-    from benchmarks import gpu_traffic
+@pytest.mark.parametrize("script, arg, what", [
+    ("gpu_traffic", "--batches", "above 0"), ("gpu_traffic", "--peak-tflops", "above 0"),
+    ("gpu_traffic", "--bandwidth", "above 0"), ("gpu_traffic", "--max-tokens", "above 0"),
+    ("train_throughput", "--steps", "above 0"), ("train_throughput", "--rounds", "above 0"),
+    ("train_throughput", "--max-tokens", "above 0"), ("train_throughput", "--profile", "0 or more")])
+def test_a_benchmark_refuses_a_count_or_rate_it_cannot_take(script, arg, what, monkeypatch, capsys):
+    """A count or rate of 0 divided by zero after the work (a traceback), a negative --profile stopped
+    islice: each is named before any work."""
+    import importlib
 
-    monkeypatch.setattr(sys, "argv", ["gpu_traffic.py", *arg])
+    value = "-1" if what == "0 or more" else "0"
+    monkeypatch.setattr(sys, "argv", [f"{script}.py", arg, value])
     with pytest.raises(SystemExit) as stop:
-        gpu_traffic.parse_args()
-    assert stop.value.code == 2 and f"argument {arg[0]}: {arg[1]}: must be above 0" in capsys.readouterr().err
+        importlib.import_module(f"benchmarks.{script}").parse_args()
+    assert stop.value.code == 2 and f"argument {arg}: {value}: must be {what}" in capsys.readouterr().err
