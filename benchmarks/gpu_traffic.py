@@ -47,7 +47,8 @@ import lib.model
 import lib.optim
 import lib.training
 from benchmarks import train_throughput
-from benchmarks.train_throughput import ROOT, batch_source, kind_of, ours_loss, positive, train_step
+from benchmarks.train_throughput import (MODEL_KEYS, ROOT, batch_source, kind_of, lengths, model_config, ours_loss,
+                                         positive, train_step)
 from lib.config import ModelConfig
 from lib.metrics import training_flops
 from lib.model import Transformer
@@ -57,7 +58,6 @@ TOP = 15  # lines shown
 SECTOR = 32  # bytes: the least a GPU reads or writes at a time
 SPARSE = ("aten::gather", "aten::scatter_add_", "aten::scatter_", "aten::index_put_", "aten::index",
           "aten::index_select", "aten::embedding")
-GPU_ROWS = 8192  # lib.optim.generator_nll's block of rows on a GPU
 MOVES_NOTHING = ("aten::detach", "aten::lift_fresh", "aten::_unsafe_view", "aten::empty", "aten::empty_like",
                  "aten::empty_strided", "aten::_local_scalar_dense")
 
@@ -124,7 +124,7 @@ def gpu_paths():
     dropout = lambda x, p=0.5, training=True, inplace=False: torch.native_dropout(x, p, training)[0]  # noqa: E731
     patches = [(module, "eager_on_cpu", lambda x: False) for module in (lib.dropout, lib.attention, lib.optim)]
     patches += [(lib.model.Embedding, "check_ids", lambda self, ids, start: None), (F, "dropout", dropout),
-                (lib.training, "generator_nll", partial(lib.optim.generator_nll, rows=GPU_ROWS))]
+                (lib.training, "generator_nll", partial(lib.optim.generator_nll, rows=lib.optim.GPU_ROWS))]
     saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
     try:
         for owner, name, value in patches:
@@ -191,23 +191,20 @@ def parse_args() -> argparse.Namespace:
 
 def main():
     args = parse_args()
-    cfg = ModelConfig(d_model=args.d_model, n_heads=args.heads, encoder_layers=args.layers,
-                      decoder_layers=args.layers, d_ff=args.d_ff or 4 * args.d_model, dropout=args.dropout,
-                      norm_first=False, tie_embeddings=True, fused_qkv=True, max_len=256,
-                      activation_dropout=args.activation_dropout)
+    args.d_ff = args.d_ff or 4 * args.d_model
+    cfg = model_config(args)
     batches_at, ids, V, source = batch_source(args.data, args.tokenizer, args.batches)
     for max_tokens in args.max_tokens:
         batches = batches_at(max_tokens)
         ops, tokens, flops = [], 0, 0.0
         for batch in batches:
-            src_lengths, tgt_lengths = ((b != ids.pad).sum(1).tolist() for b in (batch.src, batch.tgt_out))
+            src_lengths, tgt_lengths = lengths(batch, ids)
             ops += step_traffic(cfg, V, batch, ids)
             tokens += sum(src_lengths) + sum(tgt_lengths)
             flops += training_flops(cfg, V, src_lengths, tgt_lengths)
         print(json.dumps({
             "benchmark": "gpu_traffic", "date": date.today().isoformat(), "torch": torch.__version__,
-            "batches": source, "model": {k: getattr(cfg, k) for k in ("d_model", "n_heads", "encoder_layers",
-                                                                       "decoder_layers", "d_ff", "dropout")},
+            "batches": source, "model": {k: getattr(cfg, k) for k in MODEL_KEYS},
             "max_tokens": max_tokens, "steps": len(batches), "tokens_per_step": round(tokens / len(batches)),
             "peak_tflops": args.peak_tflops, "bandwidth_tb_s": args.bandwidth,
             **roofline(ops, args.peak_tflops, args.bandwidth, flops, len(batches)),

@@ -239,6 +239,23 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
+# What a JSON line says of the model.
+MODEL_KEYS = ("d_model", "n_heads", "encoder_layers", "decoder_layers", "d_ff", "dropout", "activation_dropout")
+
+
+def model_config(args: argparse.Namespace) -> ModelConfig:
+    """The paper's base layout at the sizes given: Post-LN, tied embeddings, fused projections."""
+    return ModelConfig(d_model=args.d_model, n_heads=args.heads, encoder_layers=args.layers,
+                       decoder_layers=args.layers, d_ff=args.d_ff, dropout=args.dropout, norm_first=False,
+                       tie_embeddings=True, fused_qkv=True, max_len=256,
+                       activation_dropout=args.dropout if args.activation_dropout is None else args.activation_dropout)
+
+
+def lengths(batch: Batch, ids: SpecialIds) -> tuple[list[int], list[int]]:
+    """The batch's real (unpadded) source and target lengths, as training_flops takes them."""
+    return (batch.src != ids.pad).sum(1).tolist(), (batch.tgt_out != ids.pad).sum(1).tolist()
+
+
 def measure(args: argparse.Namespace, cfg: ModelConfig, batches: list[Batch], ids: SpecialIds, V: int) -> dict:
     """The models (--models), new from seed 0, trained on ``batches`` round after round: the figures of one
     JSON line."""
@@ -252,8 +269,7 @@ def measure(args: argparse.Namespace, cfg: ModelConfig, batches: list[Batch], id
     optimizers = {name: torch.optim.Adam(m.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
                   for name, (m, _) in models.items()}
     tokens = sum(b.n_tokens + int((b.src != ids.pad).sum()) for b in batches)
-    batch_flops = [training_flops(cfg, V, (b.src != ids.pad).sum(1).tolist(), (b.tgt_out != ids.pad).sum(1).tolist())
-                   for b in batches]
+    batch_flops = [training_flops(cfg, V, *lengths(b, ids)) for b in batches]
     flops = sum(batch_flops)
     batches = [b.to(device) for b in batches]
     dtype = PRECISION_DTYPES[args.precision]
@@ -303,10 +319,7 @@ def main():
     args = parse_args()
     device = torch.device(args.device)
     keep_freed_memory()  # as the train stage does on a CPU; process-wide, so for both models
-    cfg = ModelConfig(d_model=args.d_model, n_heads=args.heads, encoder_layers=args.layers,
-                      decoder_layers=args.layers, d_ff=args.d_ff, dropout=args.dropout, norm_first=False,
-                      tie_embeddings=True, fused_qkv=True, max_len=256,
-                      activation_dropout=args.dropout if args.activation_dropout is None else args.activation_dropout)
+    cfg = model_config(args)
     batches_at, ids, V, source = batch_source(args.data, args.tokenizer, args.steps)
     for max_tokens in args.max_tokens:
         print(json.dumps({
@@ -314,8 +327,7 @@ def main():
             platform.machine(), "threads": torch.get_num_threads(), "torch": torch.__version__, "batches": source,
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "precision": args.precision, "compile": args.compile,
-            "model": {k: getattr(cfg, k) for k in ("d_model", "n_heads", "encoder_layers", "decoder_layers", "d_ff",
-                                                   "dropout", "activation_dropout")},
+            "model": {k: getattr(cfg, k) for k in MODEL_KEYS},
             "max_tokens": max_tokens, **measure(args, cfg, batches_at(max_tokens), ids, V),
         }), flush=True)
 

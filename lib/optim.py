@@ -184,6 +184,9 @@ class _GeneratorNLL(torch.autograd.Function):
         return *scaled, None, None, None, None
 
 
+CPU_ROWS, GPU_ROWS = 256, 8192  # generator_nll's block of rows by default (its docstring says why)
+
+
 def generator_nll(hidden: torch.Tensor, generator: torch.nn.Linear, target: torch.Tensor, pad_id: int,
                   smoothing: float, rows: int | None = None, count: int | None = None) -> tuple[torch.Tensor, int]:
     """``label_smoothed_nll(generator(hidden), ...)`` without the (N, V) logits.
@@ -199,7 +202,7 @@ def generator_nll(hidden: torch.Tensor, generator: torch.nn.Linear, target: torc
     them here reads the device: on a GPU the host would wait for the queued work at every batch.
     """
     if rows is None:
-        rows = 256 if hidden.device.type == "cpu" else 8192
+        rows = CPU_ROWS if hidden.device.type == "cpu" else GPU_ROWS
     C = hidden.size(-1)
     hidden, target = hidden.reshape(-1, C), target.reshape(-1)  # (N, C), (N,)
     weight, bias = generator.weight, generator.bias
