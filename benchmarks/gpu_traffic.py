@@ -17,9 +17,16 @@ products; the residual stream, its LayerNorms and the softmax stay float32). Aga
 H200 of 2026-12-04 ran the eager step at 2.2x its roofline, from 32k tokens a batch (RESULTS.md, forty-seventh
 session).
 
+--compiled counts the step as train.compile runs it: the model and the loss's blocks torch.compiled. Inductor
+lowers each graph and fuses its kernels as for a GPU run, on the same fake tensors, and each kernel is counted
+with inductor's own figures (a fused kernel reads its inputs and writes its outputs once); the C++ or Triton is
+never built. Inductor here fuses for a CPU, whose fusion rules are its GPU's in the main (a reduction and the
+element-wise work around it in one kernel; the products left to the vendor's library): an estimate of the
+GPU's kernels, not them. The optimizer and the clipping stay eager, as in train.compile.
+
 Run from the repository root with the venv active:
     PYTHONPATH=. python benchmarks/gpu_traffic.py [--max-tokens 32768 ...] [--batches 10] [--d-model 512]
-        [--peak-tflops 989] [--bandwidth 4.8] [--data DIR --tokenizer DIR]
+        [--peak-tflops 989] [--bandwidth 4.8] [--compiled] [--data DIR --tokenizer DIR]
 Prints one JSON line per --max-tokens: a step's figures over the first --batches batches (10: those that
 train_throughput.py times with its default --steps), "by_kind" (ms and GB by train_throughput's kinds), and
 "top_lines" (the forward's lines of lib/, the backward's operators) by modelled ms.
@@ -28,14 +35,18 @@ train_throughput.py times with its default --steps), "by_kind" (ms and GB by tra
 import argparse
 import contextlib
 import json
+import re
 import traceback
 from collections import defaultdict
 from datetime import date
 from functools import partial
 from pathlib import Path
+from unittest.mock import patch
 
 import torch
 import torch.nn.functional as F
+from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+from torch._inductor.scheduler import BaseSchedulerNode, ExternKernelSchedulerNode, Scheduler
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
@@ -52,6 +63,7 @@ from benchmarks.train_throughput import (MODEL_KEYS, ROOT, batch_source, kind_of
 from lib.config import ModelConfig
 from lib.metrics import training_flops
 from lib.model import Transformer
+from lib.training import compile_model
 
 LIB = str(ROOT / "lib")
 TOP = 15  # lines shown
@@ -93,15 +105,23 @@ def caller() -> str | None:
 
 class Traffic(TorchDispatchMode):
     """Each operator that computes: (name, FLOPs, bytes read and written, the line that called it: for the
-    backward pass, which autograd's engine runs, the operator and its dtype)."""
+    backward pass, which autograd's engine runs, the operator and its dtype). Under ``counted_compile`` a
+    compiled graph's kernels, as inductor made them, instead of its operators."""
 
     def __init__(self):
         super().__init__()
         self.ops = []
+        self.paused = False  # while a compiled graph runs
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True  # torch.compile traces and compiles with this mode off (and compiles at all with it on)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        if self.paused:
+            return out
         name = str(func._overloadpacket).replace("aten.", "aten::")
         if (func.is_view and not func._schema.is_mutable) or name.startswith("prim.") or name in MOVES_NOTHING:
             return out
@@ -135,13 +155,93 @@ def gpu_paths():
             setattr(owner, name, value)
 
 
-def step_traffic(cfg: ModelConfig, vocab_size: int, batch, ids) -> list[tuple]:
-    """The operators of one bf16 training step of a new model on ``batch``, on fake tensors."""
-    with FakeTensorMode(allow_non_fake_inputs=True), gpu_paths():
+class _Counted(Exception):
+    """Raised where inductor would write a graph's kernels: they are counted, not built."""
+
+
+def kernel_name(node: BaseSchedulerNode) -> str:
+    """A kernel of inductor's: an operator it calls (a product: "aten::mm", as the eager count names it), or
+    "fused" and the operators it fuses."""
+    if isinstance(node, ExternKernelSchedulerNode):
+        op = getattr(node.node, "op_overload", None)
+        return "aten::" + (op.overloadpacket.__name__ if op else node.node.python_kernel_name.split(".")[-1])
+    origins = {o.target for n in node.get_nodes() if n.node is not None for o in n.node.get_origins()
+               if o.op == "call_function"}
+    return "fused " + ",".join(sorted({str(target).split(".")[-2 if "." in str(target) else 0] for target in origins}))
+
+
+def origin_line(node: BaseSchedulerNode) -> str:
+    """The line of lib/ that the first of a kernel's operators comes from, as ``caller`` gives it."""
+    for n in node.get_nodes():
+        if n.node is None:
+            continue
+        own = n.node.get_origin_node()  # the operator it lowers, where it is one
+        for origin in [own] if own is not None else sorted(n.node.get_origins(), key=lambda o: o.name):
+            frames = re.findall(r'File "([^"]+)", line (\d+), in \S+\n +(.+)', origin.meta.get("stack_trace") or "")
+            lib = [(file, line, code) for file, line, code in frames if file.startswith(LIB)]
+            if lib:
+                file, line, code = lib[-1]
+                return f"{Path(file).name}:{line} {code.strip()[:70]}"
+    return "(no line of lib)"
+
+
+@contextlib.contextmanager
+def counted_compile(traffic: Traffic):
+    """torch.compile counted, not built: each graph is lowered and its kernels fused by inductor as for a run,
+    on the fake tensors; each kernel is then recorded with its FLOPs and bytes (inductor's own count: a fused
+    kernel reads its inputs and writes its outputs once, what it keeps in registers moves nothing) in place of
+    the C++ or Triton it would build. The graph itself runs as it is, with ``traffic`` paused, and each run adds
+    its kernels to ``traffic``. Each step compiles afresh, its sizes the graphs' hints: the counts are its own."""
+    def inner_compile(gm, example_inputs, **kwargs):
+        part = "backward" if kwargs.get("is_backward") else "forward"
+        kernels = []
+
+        def count(scheduler):
+            for node in scheduler.nodes:
+                name = kernel_name(node)
+                kernels.append((name, node.estimate_flops() or 0, node.get_read_write_buffers_sizes(),
+                                f"{origin_line(node)} (compiled {part}) {name}"))
+            raise _Counted
+
+        with patch.object(Scheduler, "codegen", count):
+            try:
+                compile_fx_inner(gm, example_inputs, **kwargs)
+            except Exception as error:  # inductor wraps what a pass raises
+                if not isinstance(getattr(error, "inner_exception", error), _Counted):
+                    raise
+
+        def run(args):
+            traffic.paused = True
+            try:
+                return gm(*args)
+            finally:
+                traffic.paused = False
+                traffic.ops.extend(kernels)
+
+        run._boxed_call = True  # takes its inputs as one list, as compiled graphs do
+        return run
+
+    backend = partial(compile_fx, inner_compile=inner_compile)
+    compile = torch.compile
+    torch._dynamo.reset()
+    try:
+        with patch.object(torch, "compile", lambda model, **kw: compile(model, **kw, backend=backend)):
+            yield
+    finally:
+        torch._dynamo.reset()
+
+
+def step_traffic(cfg: ModelConfig, vocab_size: int, batch, ids, compiled: bool = False) -> list[tuple]:
+    """The operators of one bf16 training step of a new model on ``batch``, on fake tensors; ``compiled``, as
+    train.compile runs it: the model and the loss's blocks compiled, their kernels counted (``counted_compile``)."""
+    traffic = Traffic()
+    with FakeTensorMode(allow_non_fake_inputs=True), gpu_paths(), \
+            counted_compile(traffic) if compiled else contextlib.nullcontext():
         model = Transformer(cfg, vocab_size, vocab_size, joint_vocab=True)
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
-        with Traffic() as traffic:
-            train_step(model, ours_loss, optimizer, batch, ids, "bf16")
+        step_model = compile_model(model, "seq2seq") if compiled else model
+        with traffic:
+            train_step(step_model, partial(ours_loss, compiled=compiled), optimizer, batch, ids, "bf16")
     return traffic.ops
 
 
@@ -184,6 +284,9 @@ def parse_args() -> argparse.Namespace:
                         help="steps modelled, each on its own batch: train_throughput's first --steps batches")
     parser.add_argument("--peak-tflops", type=positive(float), default=989.0, help="dense bf16 (H100/H200 SXM: 989)")
     parser.add_argument("--bandwidth", type=positive(float), default=4.8, help="memory bandwidth, TB/s (H200: 4.8)")
+    parser.add_argument("--compiled", action="store_true",
+                        help="the step as train.compile runs it: the model and the loss's blocks compiled, each "
+                             "graph's kernels as inductor fuses them (~45 s a batch of a CPU's time)")
     parser.add_argument("--data", type=Path, default=ROOT / "data" / "multi30k", help="the prepared multi30k data")
     parser.add_argument("--tokenizer", type=Path, default=ROOT / "models" / "multi30k" / "tokenizer")
     return parser.parse_args()
@@ -199,13 +302,14 @@ def main():
         ops, tokens, flops = [], 0, 0.0
         for batch in batches:
             src_lengths, tgt_lengths = lengths(batch, ids)
-            ops += step_traffic(cfg, V, batch, ids)
+            ops += step_traffic(cfg, V, batch, ids, args.compiled)
             tokens += sum(src_lengths) + sum(tgt_lengths)
             flops += training_flops(cfg, V, src_lengths, tgt_lengths)
         print(json.dumps({
             "benchmark": "gpu_traffic", "date": date.today().isoformat(), "torch": torch.__version__,
             "batches": source, "model": {k: getattr(cfg, k) for k in MODEL_KEYS},
-            "max_tokens": max_tokens, "steps": len(batches), "tokens_per_step": round(tokens / len(batches)),
+            "compiled": args.compiled, "max_tokens": max_tokens, "steps": len(batches),
+            "tokens_per_step": round(tokens / len(batches)),
             "peak_tflops": args.peak_tflops, "bandwidth_tb_s": args.bandwidth,
             **roofline(ops, args.peak_tflops, args.bandwidth, flops, len(batches)),
         }), flush=True)

@@ -85,8 +85,8 @@ class TorchReference(nn.Module):
         return self.generator(hidden)
 
 
-def ours_loss(model, batch: Batch, ids: SpecialIds, smoothing: float):
-    loss, n = seq2seq_loss(model, batch, ids, smoothing)  # the train stage's own loss
+def ours_loss(model, batch: Batch, ids: SpecialIds, smoothing: float, compiled: bool = False):
+    loss, n = seq2seq_loss(model, batch, ids, smoothing, compiled)  # the train stage's own loss
     return loss / n
 
 
@@ -177,9 +177,10 @@ def profile(steps, device: torch.device) -> dict:
     products = [(e.key, e.input_shapes, e.count / n, own(e) / 1000 / n, e.flops / n)
                 for e in prof.key_averages(group_by_input_shape=True)
                 if e.device_type.name == "CPU" and e.flops and kind_of(e.key) == "matmul"]
-    product_ms = sum(ms for *_, ms, _ in products)
-    result["matmul_tflops"] = round(sum(f for *_, f in products) / product_ms / 1e9, 3) if product_ms else None
-    result["top_matmuls"] = [[name, shapes, round(calls, 1), round(ms, 3), round(f / ms / 1e9, 3) if ms else None]
+    # TFLOP/s to 3 significant figures: a small model's products on a busy CPU run at under 0.0005
+    tflops = lambda flops, ms: float(f"{flops / ms / 1e9:.3g}") if ms else None  # noqa: E731
+    result["matmul_tflops"] = tflops(sum(f for *_, f in products), sum(ms for *_, ms, _ in products))
+    result["top_matmuls"] = [[name, shapes, round(calls, 1), round(ms, 3), tflops(f, ms)]
                              for name, shapes, calls, ms, f in sorted(products, key=lambda row: -row[3])[:10]]
     if device.type == "cuda":  # the kernels themselves: which GEMMs, which element-wise passes
         result["top_kernels"] = top([(e.key[:120], e.count / n, e.self_device_time_total / 1000 / n)
@@ -264,8 +265,9 @@ def measure(args: argparse.Namespace, cfg: ModelConfig, batches: list[Batch], id
     built = {"ours": lambda: (Transformer(cfg, V, V, joint_vocab=True).to(device), ours_loss),
              "torch_nn_transformer": lambda: (TorchReference(cfg, V).to(device), torch_loss)}
     models = {name: build() for name, build in built.items() if name in args.models}
-    if args.compile:  # as the train stage does: one graph for the batches' varying shapes
-        models = {name: (compile_model(m, "seq2seq"), loss) for name, (m, loss) in models.items()}
+    if args.compile:  # as the train stage does: one graph for the batches' varying shapes, ours' loss compiled too
+        models = {name: (compile_model(m, "seq2seq"), partial(loss, compiled=True) if loss is ours_loss else loss)
+                  for name, (m, loss) in models.items()}
     optimizers = {name: torch.optim.Adam(m.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
                   for name, (m, _) in models.items()}
     tokens = sum(b.n_tokens + int((b.src != ids.pad).sum()) for b in batches)

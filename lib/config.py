@@ -220,7 +220,7 @@ class TrainConfig:
     # update of a batch k times the size, in the memory of one; epochs then have 1/k the steps
     peak_tflops: float | str = 0.0  # the hardware's peak TFLOP/s, for model FLOPs utilisation (train/mfu):
     # a datasheet figure, "measure" (square matmuls in train.precision, timed when training starts), or 0: none
-    compile: bool = False  # torch.compile the training forward pass: fused element-wise kernels on a GPU
+    compile: bool = False  # torch.compile the training step's model and loss: fused element-wise kernels on a GPU
     # (a minute or two of compiling when training starts); on a CPU it is slower than eager
 
     def __post_init__(self):

@@ -123,12 +123,60 @@ class _LabelSmoothedNLL(torch.autograd.Function):
         return grad.to(ctx.dtype), None, None, None
 
 
-def _generator_nll(hidden, weight, bias, target, pad_id: int, smoothing: float, rows: int, with_grad: bool):
+def _block(h, t, weight, bias, pad_id: int, smoothing: float, low: torch.dtype | None, with_grad: bool):
+    """One block of ``_generator_nll``: rows h (n, C) and their targets t (n,). Returns its summed loss and,
+    ``with_grad``, its gradients for h, weight and bias (or None)."""
+    acc = torch.promote_types(weight.dtype, torch.float32)
+    z = F.linear(h, weight, bias)  # (n, V); under autocast the product is bf16
+    # Shift each row by its max (exact in bf16 too), then exponentiate in place. A bf16 product is
+    # widened to float32 on the way: on a GPU by the subtraction itself, one kernel; on a CPU by a
+    # cast, then the subtraction in place: 0.38 ms against 0.69 for one mixed-precision subtraction
+    # of a 256 x 8000 block (RESULTS.md, twenty-sixth session).
+    shift = z.amax(dim=1, keepdim=True).to(acc)
+    z = z.to(acc).sub_(shift) if eager_on_cpu(z) or z.dtype == acc else torch.sub(z, shift)
+    terms = _row_terms(z, t, pad_id)
+    row_sum = z.exp_().sum(dim=1)  # z is now exp(z - max) (n, V)
+    loss = _smoothed_nll(*terms, row_sum.log(), t, pad_id, smoothing, z.size(-1)).sum()
+    if not with_grad:
+        return loss, None
+    # Under autocast the gradient is made in the products' precision at once (autocast would cast it at
+    # each product): its passes move 8 bytes an (n, V) entry where float32 and a cast moved 26, the
+    # block's 45 where 63 (benchmarks/gpu_traffic.py's count; a GPU's time here is its memory traffic).
+    scale = (t != pad_id).to(acc)
+    p = _softmax_minus_target_(z, t, pad_id, smoothing, scale, row_sum) if low is None else \
+        _softmax_minus_target_in(low, z, t, pad_id, smoothing, scale, row_sum)
+    return loss, (p @ weight, p.t() @ h, None if bias is None else p.sum(dim=0, dtype=acc))  # (n, C), (V, C), (V,)
+
+
+def _block_to_compile(h, t, weight, bias, pad_id: int, smoothing: float, low: torch.dtype | None, with_grad: bool):
+    """``_block`` as plain math, for torch.compile (train.compile) to fuse. The gradient's target q is made by
+    comparing each column with the row's target and pad, not written in by a scatter, so that inductor makes
+    the passes over the (n, V) logits between the products two reductions, one element-wise kernel for the
+    gradient and the bias's sum: 10 bytes an entry under bf16 autocast, where ``_block``'s seven eager passes
+    move 32 (the whole block: 19 against 41; benchmarks/gpu_traffic.py's count). Eager, the comparisons
+    would cost passes of their own."""
+    acc = torch.promote_types(weight.dtype, torch.float32)
+    z = F.linear(h, weight, bias).to(acc)  # (n, V)
+    V = z.size(-1)
+    lse = torch.logsumexp(z, dim=1)  # (n,)
+    loss = _smoothed_nll(*_row_terms(z, t, pad_id), lse, t, pad_id, smoothing, V).sum()
+    if not with_grad:
+        return loss, None
+    column, other = torch.arange(V, device=z.device), z.new_tensor(_q_other(smoothing, V))  # (V,); q in z's dtype
+    q = torch.where(column == t[:, None], 1.0 - smoothing, torch.where(column == pad_id, 0.0, other))  # (n, V)
+    p = (((z - lse[:, None]).exp() - q) * (t != pad_id)[:, None]).to(low or acc)  # (n, V)
+    return loss, (p @ weight, p.t() @ h, None if bias is None else p.sum(dim=0, dtype=acc))
+
+
+def _generator_nll(hidden, weight, bias, target, pad_id: int, smoothing: float, rows: int, with_grad: bool,
+                   compiled: bool = False):
     """The summed loss of ``F.linear(hidden, weight, bias)``, ``rows`` positions at a time.
 
     Each block of logits (rows, V) is made, scored and, ``with_grad``, turned
     into its gradient in place and multiplied back through the output layer
     at once, while it is still in the cache; the (N, V) logits never exist.
+    ``compiled``: each block by ``_block_to_compile`` under torch.compile, for any number of rows (compiled
+    again once, as dynamic, for the first shorter block).
     Returns the loss and the gradients for hidden, weight and bias (or Nones).
     """
     acc = torch.promote_types(weight.dtype, torch.float32)  # float32, or float64 for a float64 model
@@ -141,29 +189,16 @@ def _generator_nll(hidden, weight, bias, target, pad_id: int, smoothing: float, 
     device = hidden.device.type
     autocast = torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)  # none on "meta"
     low = torch.get_autocast_dtype(device) if autocast else None
+    block = torch.compile(_block_to_compile) if compiled else _block
     for i in range(0, len(hidden), rows):
-        h, t = hidden[i:i + rows], target[i:i + rows]  # (n, C), (n,)
-        z = F.linear(h, weight, bias)  # (n, V); under autocast the product is bf16
-        # Shift each row by its max (exact in bf16 too), then exponentiate in place. A bf16 product is
-        # widened to float32 on the way: on a GPU by the subtraction itself, one kernel; on a CPU by a
-        # cast, then the subtraction in place: 0.38 ms against 0.69 for one mixed-precision subtraction
-        # of a 256 x 8000 block (RESULTS.md, twenty-sixth session).
-        shift = z.amax(dim=1, keepdim=True).to(acc)
-        z = z.to(acc).sub_(shift) if eager_on_cpu(z) or z.dtype == acc else torch.sub(z, shift)
-        terms = _row_terms(z, t, pad_id)
-        row_sum = z.exp_().sum(dim=1)  # z is now exp(z - max) (n, V)
-        total += _smoothed_nll(*terms, row_sum.log(), t, pad_id, smoothing, z.size(-1)).sum()
+        loss, block_grads = block(hidden[i:i + rows], target[i:i + rows], weight, bias, pad_id, smoothing, low,
+                                  with_grad)
+        total += loss
         if with_grad:
-            # Under autocast the gradient is made in the products' precision at once (autocast would cast it at
-            # each product): its passes move 8 bytes an (n, V) entry where float32 and a cast moved 26, the
-            # block's 45 where 63 (benchmarks/gpu_traffic.py's count; a GPU's time here is its memory traffic).
-            scale = (t != pad_id).to(acc)
-            p = _softmax_minus_target_(z, t, pad_id, smoothing, scale, row_sum) if low is None else \
-                _softmax_minus_target_in(low, z, t, pad_id, smoothing, scale, row_sum)
-            grads[0][i:i + rows] = p @ weight  # (n, C)
-            grads[1].add_(p.t() @ h)  # (V, C)
+            grads[0][i:i + rows] = block_grads[0]
+            grads[1].add_(block_grads[1])
             if bias is not None:
-                grads[2].add_(p.sum(dim=0, dtype=acc))
+                grads[2].add_(block_grads[2])
     return total, grads
 
 
@@ -171,8 +206,8 @@ class _GeneratorNLL(torch.autograd.Function):
     """``_generator_nll`` with its gradients computed in the forward pass, scaled in the backward."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, target, pad_id: int, smoothing: float, rows: int):
-        total, grads = _generator_nll(hidden, weight, bias, target, pad_id, smoothing, rows, with_grad=True)
+    def forward(ctx, hidden, weight, bias, target, pad_id: int, smoothing: float, rows: int, compiled: bool):
+        total, grads = _generator_nll(hidden, weight, bias, target, pad_id, smoothing, rows, True, compiled)
         ctx.grads = grads
         ctx.dtypes = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
         return total
@@ -181,14 +216,15 @@ class _GeneratorNLL(torch.autograd.Function):
     def backward(ctx, grad_out):
         scaled = [None if g is None else (g * grad_out).to(dtype) for g, dtype in zip(ctx.grads, ctx.dtypes)]
         ctx.grads = None
-        return *scaled, None, None, None, None
+        return *scaled, None, None, None, None, None
 
 
 CPU_ROWS, GPU_ROWS = 256, 8192  # generator_nll's block of rows by default (its docstring says why)
 
 
 def generator_nll(hidden: torch.Tensor, generator: torch.nn.Linear, target: torch.Tensor, pad_id: int,
-                  smoothing: float, rows: int | None = None, count: int | None = None) -> tuple[torch.Tensor, int]:
+                  smoothing: float, rows: int | None = None, count: int | None = None,
+                  compiled: bool = False) -> tuple[torch.Tensor, int]:
     """``label_smoothed_nll(generator(hidden), ...)`` without the (N, V) logits.
 
     hidden (..., C) the decoder's output, target (...). The output layer and
@@ -200,6 +236,7 @@ def generator_nll(hidden: torch.Tensor, generator: torch.nn.Linear, target: torc
     kernel launches and its memory (8192 x V floats) is no concern there.
     ``count``: the non-pad targets, where the caller has them on the host (a Batch's n_tokens). Counting
     them here reads the device: on a GPU the host would wait for the queued work at every batch.
+    ``compiled``: each block by torch.compile (train.compile), fused.
     """
     if rows is None:
         rows = CPU_ROWS if hidden.device.type == "cpu" else GPU_ROWS
@@ -207,9 +244,9 @@ def generator_nll(hidden: torch.Tensor, generator: torch.nn.Linear, target: torc
     hidden, target = hidden.reshape(-1, C), target.reshape(-1)  # (N, C), (N,)
     weight, bias = generator.weight, generator.bias
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias)):
-        loss = _GeneratorNLL.apply(hidden, weight, bias, target, pad_id, smoothing, rows)
+        loss = _GeneratorNLL.apply(hidden, weight, bias, target, pad_id, smoothing, rows, compiled)
     else:
-        loss, _ = _generator_nll(hidden, weight, bias, target, pad_id, smoothing, rows, with_grad=False)
+        loss, _ = _generator_nll(hidden, weight, bias, target, pad_id, smoothing, rows, False, compiled)
     return loss, int((target != pad_id).sum()) if count is None else count
 
 

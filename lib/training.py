@@ -457,16 +457,17 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float):
 
 # --- The encoder-decoder -----------------------------------------------------------------------
 
-def seq2seq_loss(model, batch, ids: SpecialIds, smoothing: float) -> tuple[torch.Tensor, int]:
+def seq2seq_loss(model, batch, ids: SpecialIds, smoothing: float, compiled: bool = False) -> tuple[torch.Tensor, int]:
     """Summed label-smoothed loss of a teacher-forced batch, and its target count.
 
     ``model`` may be wrapped in DistributedDataParallel: its forward runs through
     the wrapper, and the fused output layer and loss use the inner model's generator.
+    ``compiled`` (train.compile, with the model compiled): the loss's blocks compiled too.
     """
     hidden = model(batch.src, batch.tgt_in, padding_mask(batch.src, ids.pad), target_mask(batch.tgt_in, ids.pad),
                    project=False)  # (B, T, C)
     generator = getattr(model, "module", model).generator
-    return generator_nll(hidden, generator, batch.tgt_out, ids.pad, smoothing, count=batch.n_tokens)
+    return generator_nll(hidden, generator, batch.tgt_out, ids.pad, smoothing, count=batch.n_tokens, compiled=compiled)
 
 
 @torch.no_grad()
@@ -594,7 +595,8 @@ def train_seq2seq(task, cfg: TrainConfig, data_dir, tokenizer_dir, model_path, c
                     batch, weight = upcoming
                     with distributed.accumulating(run.train_model, last=j + 1 == len(group)):
                         with run.autocast():
-                            batch_loss, _ = seq2seq_loss(run.train_model, batch, ids, cfg.label_smoothing)
+                            batch_loss, _ = seq2seq_loss(run.train_model, batch, ids, cfg.label_smoothing,
+                                                         compiled=cfg.compile)
                         # The update is the mean over the step's target tokens, in every process and batch: DDP
                         # averages the gradients over the processes, hence the factor.
                         (batch_loss / n_tokens * (weight * run.ctx.world)).backward()

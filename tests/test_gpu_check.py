@@ -1,6 +1,7 @@
 """benchmarks/gpu_check.sh, run as a dry run on a CPU: a GPU machine is lent rarely and briefly, so the
 script that uses it must not first fail there on a renamed param or a moved file."""
 
+import dataclasses
 import json
 import os
 import sys
@@ -165,6 +166,19 @@ def test_gpu_traffic_counts_what_each_operator_moves():
         ("aten::gather", 0, 32_000 + 8000 + 4000), ("aten::mm", 2 * 64 * 32 * 16, 4 * (64 * 32 + 32 * 16 + 64 * 16))]
 
 
+def small_step():
+    """A small model's config, vocabulary size, special ids, and a batch of 6 pairs without padding."""
+    from lib.config import ModelConfig
+    from lib.data import Batch
+    from lib.tokenizer import SpecialIds
+
+    cfg = ModelConfig(d_model=32, n_heads=4, encoder_layers=2, decoder_layers=2, d_ff=64, dropout=0.1,
+                      norm_first=False, tie_embeddings=True, fused_qkv=True, max_len=32, activation_dropout=0.1)
+    ids, V = SpecialIds(pad=0, bos=1, eos=2, unk=3), 50
+    src, tgt = torch.randint(4, V, (6, 9)), torch.randint(4, V, (6, 7))
+    return cfg, V, ids, Batch(src, torch.cat([torch.full((6, 1), ids.bos), tgt[:, :-1]], 1), tgt, tgt.numel())
+
+
 def test_gpu_traffic_takes_the_gpu_step_that_mfu_counts():
     """One training step of a small model on fake tensors, on the GPU's paths: the products it runs are those
     that lib.metrics.training_flops counts for MFU (a batch without padding), its dropout is torch's fused
@@ -172,16 +186,9 @@ def test_gpu_traffic_takes_the_gpu_step_that_mfu_counts():
     import lib.attention
     import lib.dropout
     from benchmarks import gpu_traffic
-    from lib.config import ModelConfig
-    from lib.data import Batch
     from lib.metrics import training_flops
-    from lib.tokenizer import SpecialIds
 
-    cfg = ModelConfig(d_model=32, n_heads=4, encoder_layers=2, decoder_layers=2, d_ff=64, dropout=0.1,
-                      norm_first=False, tie_embeddings=True, fused_qkv=True, max_len=32, activation_dropout=0.1)
-    ids, V = SpecialIds(pad=0, bos=1, eos=2, unk=3), 50
-    src, tgt = torch.randint(4, V, (6, 9)), torch.randint(4, V, (6, 7))
-    batch = Batch(src, torch.cat([torch.full((6, 1), ids.bos), tgt[:, :-1]], 1), tgt, tgt.numel())
+    cfg, V, ids, batch = small_step()
     before = lib.dropout.eager_on_cpu, lib.attention.eager_on_cpu, torch.nn.functional.dropout
     ops = gpu_traffic.step_traffic(cfg, V, batch, ids)
     assert (lib.dropout.eager_on_cpu, lib.attention.eager_on_cpu, torch.nn.functional.dropout) == before
@@ -196,6 +203,33 @@ def test_gpu_traffic_takes_the_gpu_step_that_mfu_counts():
     assert result["mfu_ceiling"] == round(flops / seconds / 0.1e12, 3)
     assert abs(sum(kind["ms"] for kind in result["by_kind"].values()) - result["modelled_ms"]) < 0.01
     assert gpu_traffic.roofline(ops * 3, 0.1, 0.01, 3 * flops, steps=3) == result  # figures a step
+
+
+def test_gpu_traffic_counts_the_compiled_step_as_inductor_fuses_it(monkeypatch):
+    """--compiled: the step as train.compile runs it, each graph's kernels as inductor fuses them, counted and
+    never built. Its products are the eager step's, each loss block's counted at each call (blocks of 16 rows:
+    16, 16 and a shorter one, its own graph); the model's and the loss's operators all run compiled, the
+    optimizer eager; fused, the step moves less; and torch.compile is torch's again after it."""
+    import lib.optim
+    from benchmarks import gpu_traffic
+    from tests.conftest import torch_compile_defaults
+
+    cfg, V, ids, batch = small_step()
+    cfg = dataclasses.replace(cfg, encoder_layers=1, decoder_layers=1)  # a graph half as long to compile
+    monkeypatch.setattr(lib.optim, "GPU_ROWS", 16)  # 42 targets: 3 blocks
+    compile = torch.compile
+    eager = gpu_traffic.step_traffic(cfg, V, batch, ids)
+    with torch_compile_defaults():
+        compiled = gpu_traffic.step_traffic(cfg, V, batch, ids, compiled=True)
+    assert torch.compile is compile
+    assert sum(op[1] for op in compiled) == sum(op[1] for op in eager)
+    lines = [where for *_, where in compiled]
+    assert sum("optim.py" in w and "(compiled forward) aten::mm" in w for w in lines) == 3 * 2, lines
+    eager_ops = {(name, where.split(":")[0]) for name, _, _, where in compiled if "(compiled " not in where}
+    assert not {name for name, _ in eager_ops} & {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"}
+    assert not {file for _, file in eager_ops} & {"model.py", "attention.py", "dropout.py"}, eager_ops
+    assert ("aten::_fused_adam_", "train_throughput.py") in eager_ops
+    assert sum(op[2] for op in compiled) < 0.9 * sum(op[2] for op in eager)
 
 
 @pytest.mark.parametrize("script, arg, what", [

@@ -176,3 +176,70 @@ def test_the_smoothed_loss_floor_is_the_loss_of_predicting_the_smoothed_targets(
     for _ in range(20):
         loss, n = label_smoothed_nll(torch.randn(4, V) * 3, target, PAD, smoothing)
         assert loss.item() / n > smoothed_loss_floor(V, smoothing)
+
+
+@pytest.mark.parametrize("precision", ["float64", "bf16"])
+def test_the_compiled_loss_is_the_eager_loss(precision, monkeypatch):
+    """generator_nll(compiled=True), as train.compile runs it: each block by ``_block_to_compile`` under
+    torch.compile, the gradient's target made by comparisons. The same loss and gradients as the eager blocks
+    (float64: to rounding; under bf16 autocast: each gradient entry rounded once either way), over blocks of 4
+    rows and a shorter last one: two graphs (the second for any number of rows), no break. The aot_eager
+    backend traces as inductor does, without its C++ build."""
+    import functools
+
+    from torch._dynamo.utils import counters
+
+    from tests.conftest import torch_compile_defaults
+
+    torch.manual_seed(0)
+    dtype = torch.float64 if precision == "float64" else torch.float32
+    generator = torch.nn.Linear(16, 50).to(dtype)
+    hidden = torch.randn(3, 7, 16, dtype=dtype, requires_grad=True)
+    target = torch.randint(1, 50, (3, 7))
+    target[0, 4:] = PAD
+
+    def run(compiled):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            loss, n = generator_nll(hidden, generator, target, PAD, 0.1, rows=4, compiled=compiled)
+        (2.5 * loss).backward()
+        grads = [t.grad for t in (hidden, generator.weight, generator.bias)]
+        hidden.grad = generator.weight.grad = generator.bias.grad = None
+        return [loss, *grads], n
+
+    eager, n = run(compiled=False)
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
+    torch._dynamo.reset()
+    counters.clear()
+    with torch_compile_defaults():
+        compiled, n_compiled = run(compiled=True)
+    assert n == n_compiled == 21 - 3
+    assert counters["stats"]["unique_graphs"] == 2 and not counters["graph_break"], dict(counters)
+    for got, want in zip(compiled, eager):
+        assert got.dtype == want.dtype
+        if precision == "float64":
+            assert torch.allclose(got, want, rtol=1e-12, atol=1e-12)
+        else:  # a product's bf16 rounding moves a sum by up to ~1% of its largest term
+            assert torch.allclose(got, want, rtol=1e-2, atol=1e-2 * want.abs().max().item())
+
+
+def test_the_compiled_loss_moves_half_what_the_eager_one_moves(monkeypatch):
+    """The loss's block under bf16 autocast, counted as a GPU would move it (benchmarks/gpu_traffic.py), eager
+    and as train.compile runs it (its kernels as inductor fuses them, counted, not built): fused, the passes
+    over the (n, V) logits are two reductions, the gradient's kernel and the bias's sum, and the block moves
+    18 bytes an entry where eager it moves 40 (n 1024, V 4000, C 64)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from benchmarks.gpu_traffic import Traffic, counted_compile
+
+    monkeypatch.setattr("lib.optim.eager_on_cpu", lambda x: False)  # the form a GPU takes
+    n, V = 1024, 4000
+    moved = {}
+    for compiled in (False, True):
+        traffic = Traffic()
+        with FakeTensorMode(allow_non_fake_inputs=True), counted_compile(traffic):
+            generator, hidden = torch.nn.Linear(64, V), torch.randn(n, 64, requires_grad=True)
+            target = torch.randint(1, V, (n,))
+            with torch.autocast("cpu", dtype=torch.bfloat16), traffic:
+                generator_nll(hidden, generator, target, PAD, 0.1, rows=n, count=n, compiled=compiled)
+        moved[compiled] = sum(bytes_moved for _, _, bytes_moved, _ in traffic.ops) / (n * V)
+    assert moved[True] < 20 and moved[True] < 0.5 * moved[False], moved
