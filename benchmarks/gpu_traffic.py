@@ -29,7 +29,8 @@ Run from the repository root with the venv active:
         [--peak-tflops 989] [--bandwidth 4.8] [--compiled] [--data DIR --tokenizer DIR]
 Prints one JSON line per --max-tokens: a step's figures over the first --batches batches (10: those that
 train_throughput.py times with its default --steps), "by_kind" (ms and GB by train_throughput's kinds), and
-"top_lines" (the forward's lines of lib/, the backward's operators) by modelled ms.
+"top_lines" (the forward's lines of lib/, the backward's operators; compiled, each kernel's line of lib/, its
+pass and its name) by modelled ms.
 """
 
 import argparse
@@ -159,19 +160,25 @@ class _Counted(Exception):
     """Raised where inductor would write a graph's kernels: they are counted, not built."""
 
 
+def op_name(target) -> str:
+    """An operator's name: "relu" for aten.relu.default."""
+    packet = getattr(target, "overloadpacket", None)
+    return packet.__name__ if packet is not None else getattr(target, "__name__", str(target))
+
+
 def kernel_name(node: BaseSchedulerNode) -> str:
     """A kernel of inductor's: an operator it calls (a product: "aten::mm", as the eager count names it), or
     "fused" and the operators it fuses."""
     if isinstance(node, ExternKernelSchedulerNode):
         op = getattr(node.node, "op_overload", None)
-        return "aten::" + (op.overloadpacket.__name__ if op else node.node.python_kernel_name.split(".")[-1])
-    origins = {o.target for n in node.get_nodes() if n.node is not None for o in n.node.get_origins()
-               if o.op == "call_function"}
-    return "fused " + ",".join(sorted({str(target).split(".")[-2 if "." in str(target) else 0] for target in origins}))
+        return "aten::" + (op_name(op) if op is not None else node.node.python_kernel_name.split(".")[-1])
+    return "fused " + ",".join(sorted({op_name(o.target) for n in node.get_nodes() if n.node is not None
+                                       for o in n.node.get_origins() if o.op == "call_function"}))
 
 
 def origin_line(node: BaseSchedulerNode) -> str:
-    """The line of lib/ that the first of a kernel's operators comes from, as ``caller`` gives it."""
+    """The line of lib/ that a kernel's operator comes from (a fused kernel's: its first that has one), as
+    ``caller`` gives a line."""
     for n in node.get_nodes():
         if n.node is None:
             continue
