@@ -239,16 +239,20 @@ def counted_compile(traffic: Traffic):
 
 
 def step_traffic(cfg: ModelConfig, vocab_size: int, batch, ids, compiled: bool = False) -> list[tuple]:
-    """The operators of one bf16 training step of a new model on ``batch``, on fake tensors; ``compiled``, as
-    train.compile runs it: the model and the loss's blocks compiled, their kernels counted (``counted_compile``)."""
+    """The operators of one bf16 training step on ``batch``, on fake tensors, as a run takes it after its first:
+    a first step, not counted, makes Adam's state (and compiles). ``compiled``, as train.compile runs it: the
+    model and the loss's blocks compiled, their kernels counted (``counted_compile``)."""
     traffic = Traffic()
     with FakeTensorMode(allow_non_fake_inputs=True), gpu_paths(), \
             counted_compile(traffic) if compiled else contextlib.nullcontext():
         model = Transformer(cfg, vocab_size, vocab_size, joint_vocab=True)
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
-        step_model = compile_model(model, "seq2seq") if compiled else model
+        step = partial(train_step, compile_model(model, "seq2seq") if compiled else model,
+                       partial(ours_loss, compiled=compiled), optimizer, batch, ids, "bf16")
+        step()
+        traffic.ops.clear()  # the first step's compiled kernels
         with traffic:
-            train_step(step_model, partial(ours_loss, compiled=compiled), optimizer, batch, ids, "bf16")
+            step()
     return traffic.ops
 
 

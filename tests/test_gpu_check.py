@@ -182,7 +182,8 @@ def small_step():
 def test_gpu_traffic_takes_the_gpu_step_that_mfu_counts():
     """One training step of a small model on fake tensors, on the GPU's paths: the products it runs are those
     that lib.metrics.training_flops counts for MFU (a batch without padding), its dropout is torch's fused
-    one, its attention makes the pass for fully masked rows that a CPU skips; and lib is as it was after it."""
+    one, its attention makes the pass for fully masked rows that a CPU skips, its Adam has its state; and lib
+    is as it was after it."""
     import lib.attention
     import lib.dropout
     from benchmarks import gpu_traffic
@@ -197,6 +198,7 @@ def test_gpu_traffic_takes_the_gpu_step_that_mfu_counts():
     names = {op[0] for op in ops}
     assert "aten::native_dropout" in names and not names & {"aten::random_", "aten::bernoulli_"}, names
     assert "aten::masked_fill" in names and "aten::_fused_adam_" in names
+    assert "aten::zeros_like" not in names  # Adam's state, made by a run's first step only: not this one's
     result = gpu_traffic.roofline(ops, 0.1, 0.01, flops)  # a slow device: figures of many digits
     seconds = sum(max(op_flops / 0.1e12, moved / 0.01e12) for _, op_flops, moved, _ in ops)
     assert result["modelled_ms"] == round(seconds * 1000, 3)
