@@ -183,10 +183,9 @@ def test_the_compiled_loss_is_the_eager_loss(precision, monkeypatch):
     """generator_nll(compiled=True), as train.compile runs it: each block by ``_block_to_compile`` under
     torch.compile, the gradient's target made by comparisons. The same loss and gradients as the eager blocks
     (float64: to rounding; under bf16 autocast: each gradient entry rounded once either way), over blocks of 4
-    rows and a shorter last one: two graphs (the second for any number of rows), no break. The aot_eager
-    backend traces as inductor does, without its C++ build."""
-    import functools
-
+    rows and a shorter last one: two graphs (the second for any number of rows), no break; the compiled
+    function made once for two batches (making it costs milliseconds). The aot_eager backend traces as
+    inductor does, without its C++ build."""
     from torch._dynamo.utils import counters
 
     from tests.conftest import torch_compile_defaults
@@ -207,12 +206,19 @@ def test_the_compiled_loss_is_the_eager_loss(precision, monkeypatch):
         return [loss, *grads], n
 
     eager, n = run(compiled=False)
-    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
+    made, torch_compile = [], torch.compile
+
+    def compile(fn, **kwargs):
+        made.append(fn)
+        return torch_compile(fn, backend="aot_eager", **kwargs)
+
+    monkeypatch.setattr(torch, "compile", compile)
     torch._dynamo.reset()
     counters.clear()
     with torch_compile_defaults():
         compiled, n_compiled = run(compiled=True)
-    assert n == n_compiled == 21 - 3
+        assert all(torch.equal(a, b) for a, b in zip(run(compiled=True)[0], compiled))  # a second batch
+    assert len(made) == 1 and n == n_compiled == 21 - 3
     assert counters["stats"]["unique_graphs"] == 2 and not counters["graph_break"], dict(counters)
     for got, want in zip(compiled, eager):
         assert got.dtype == want.dtype
