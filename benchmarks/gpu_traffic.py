@@ -59,10 +59,9 @@ import lib.model
 import lib.optim
 import lib.training
 from benchmarks import train_throughput
-from benchmarks.train_throughput import (MODEL_KEYS, ROOT, batch_source, kind_of, lengths, model_config, ours_loss,
+from benchmarks.train_throughput import (MODEL_KEYS, ROOT, batch_source, batch_work, kind_of, model_config, ours_loss,
                                          positive, train_step)
 from lib.config import ModelConfig
-from lib.metrics import training_flops
 from lib.model import Transformer
 from lib.training import compile_model
 
@@ -312,10 +311,9 @@ def main():
         batches = batches_at(max_tokens)
         ops, tokens, flops = [], 0, 0.0
         for batch in batches:
-            src_lengths, tgt_lengths = lengths(batch, ids)
             ops += step_traffic(cfg, V, batch, ids, args.compiled)
-            tokens += sum(src_lengths) + sum(tgt_lengths)
-            flops += training_flops(cfg, V, src_lengths, tgt_lengths)
+            batch_tokens, batch_flops = batch_work(cfg, V, batch, ids)
+            tokens, flops = tokens + batch_tokens, flops + batch_flops
         print(json.dumps({
             "benchmark": "gpu_traffic", "date": date.today().isoformat(), "torch": torch.__version__,
             "batches": source, "model": {k: getattr(cfg, k) for k in MODEL_KEYS},

@@ -231,8 +231,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS),
                         help="which to time (default both, alternately)")
     parser.add_argument("--compile", action="store_true",
-                        help="torch.compile the models' forward passes, as train.compile does (the warm-up "
-                             "round compiles them)")
+                        help="torch.compile the models' forward passes, and ours' loss, as train.compile does "
+                             "(the warm-up round compiles them)")
     parser.add_argument("--profile", type=checked(int, lambda n: n >= 0, "0 or more"), default=0, metavar="N",
                         help="then N steps of each model under torch.profiler: where a step's time goes")
     parser.add_argument("--data", type=Path, default=ROOT / "data" / "multi30k", help="the prepared multi30k data")
@@ -252,9 +252,10 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
                        activation_dropout=args.dropout if args.activation_dropout is None else args.activation_dropout)
 
 
-def lengths(batch: Batch, ids: SpecialIds) -> tuple[list[int], list[int]]:
-    """The batch's real (unpadded) source and target lengths, as training_flops takes them."""
-    return (batch.src != ids.pad).sum(1).tolist(), (batch.tgt_out != ids.pad).sum(1).tolist()
+def batch_work(cfg: ModelConfig, V: int, batch: Batch, ids: SpecialIds) -> tuple[int, float]:
+    """A batch's tokens (non-pad source and target) and its training FLOPs, on its real (unpadded) lengths."""
+    src_lengths, tgt_lengths = (batch.src != ids.pad).sum(1).tolist(), (batch.tgt_out != ids.pad).sum(1).tolist()
+    return sum(src_lengths) + sum(tgt_lengths), training_flops(cfg, V, src_lengths, tgt_lengths)
 
 
 def measure(args: argparse.Namespace, cfg: ModelConfig, batches: list[Batch], ids: SpecialIds, V: int) -> dict:
@@ -262,16 +263,16 @@ def measure(args: argparse.Namespace, cfg: ModelConfig, batches: list[Batch], id
     JSON line."""
     torch.manual_seed(0)
     device = torch.device(args.device)
-    built = {"ours": lambda: (Transformer(cfg, V, V, joint_vocab=True).to(device), ours_loss),
+    built = {"ours": lambda: (Transformer(cfg, V, V, joint_vocab=True).to(device),
+                              partial(ours_loss, compiled=args.compile)),
              "torch_nn_transformer": lambda: (TorchReference(cfg, V).to(device), torch_loss)}
     models = {name: build() for name, build in built.items() if name in args.models}
-    if args.compile:  # as the train stage does: one graph for the batches' varying shapes, ours' loss compiled too
-        models = {name: (compile_model(m, "seq2seq"), partial(loss, compiled=True) if loss is ours_loss else loss)
-                  for name, (m, loss) in models.items()}
+    if args.compile:  # as the train stage does: one graph for the batches' varying shapes (ours' loss: above)
+        models = {name: (compile_model(m, "seq2seq"), loss) for name, (m, loss) in models.items()}
     optimizers = {name: torch.optim.Adam(m.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
                   for name, (m, _) in models.items()}
-    tokens = sum(b.n_tokens + int((b.src != ids.pad).sum()) for b in batches)
-    batch_flops = [training_flops(cfg, V, *lengths(b, ids)) for b in batches]
+    work = [batch_work(cfg, V, b, ids) for b in batches]
+    tokens, batch_flops = sum(n for n, _ in work), [f for _, f in work]
     flops = sum(batch_flops)
     batches = [b.to(device) for b in batches]
     dtype = PRECISION_DTYPES[args.precision]

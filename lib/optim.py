@@ -125,6 +125,11 @@ class _LabelSmoothedNLL(torch.autograd.Function):
         return grad.to(ctx.dtype), None, None, None
 
 
+def _back_through_generator(p: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, bias, acc: torch.dtype):
+    """The gradients for h (n, C), weight (V, C) and bias (V,) (or None) from the logits' gradient p (n, V)."""
+    return p @ weight, p.t() @ h, None if bias is None else p.sum(dim=0, dtype=acc)
+
+
 def _block(h, t, weight, bias, pad_id: int, smoothing: float, low: torch.dtype | None, with_grad: bool):
     """One block of ``_generator_nll``: rows h (n, C) and their targets t (n,). Returns its summed loss and,
     ``with_grad``, its gradients for h, weight and bias (or None)."""
@@ -147,7 +152,7 @@ def _block(h, t, weight, bias, pad_id: int, smoothing: float, low: torch.dtype |
     scale = (t != pad_id).to(acc)
     p = _softmax_minus_target_(z, t, pad_id, smoothing, scale, row_sum) if low is None else \
         _softmax_minus_target_in(low, z, t, pad_id, smoothing, scale, row_sum)
-    return loss, (p @ weight, p.t() @ h, None if bias is None else p.sum(dim=0, dtype=acc))  # (n, C), (V, C), (V,)
+    return loss, _back_through_generator(p, h, weight, bias, acc)
 
 
 def _block_to_compile(h, t, weight, bias, pad_id: int, smoothing: float, low: torch.dtype | None, with_grad: bool):
@@ -167,7 +172,7 @@ def _block_to_compile(h, t, weight, bias, pad_id: int, smoothing: float, low: to
     column, other = torch.arange(V, device=z.device), z.new_tensor(_q_other(smoothing, V))  # (V,); q in z's dtype
     q = torch.where(column == t[:, None], 1.0 - smoothing, torch.where(column == pad_id, 0.0, other))  # (n, V)
     p = (((z - lse[:, None]).exp() - q) * (t != pad_id)[:, None]).to(low or acc)  # (n, V)
-    return loss, (p @ weight, p.t() @ h, None if bias is None else p.sum(dim=0, dtype=acc))
+    return loss, _back_through_generator(p, h, weight, bias, acc)
 
 
 @functools.cache
