@@ -171,7 +171,7 @@ def _block_to_compile(h, t, weight, bias, pad_id: int, smoothing: float, low: to
         return loss, None
     column, other = torch.arange(V, device=z.device), z.new_tensor(_q_other(smoothing, V))  # (V,); q in z's dtype
     q = torch.where(column == t[:, None], 1.0 - smoothing, torch.where(column == pad_id, 0.0, other))  # (n, V)
-    p = (((z - lse[:, None]).exp() - q) * (t != pad_id)[:, None]).to(low or acc)  # (n, V)
+    p = ((z - lse[:, None]).exp() - q).to(low or acc)  # (n, V): t holds no pad (generator_nll's rows)
     return loss, _back_through_generator(p, h, weight, bias, acc)
 
 
@@ -250,18 +250,25 @@ def generator_nll(hidden: torch.Tensor, generator: torch.nn.Linear, target: torc
     kernel launches and its memory (8192 x V floats) is no concern there.
     ``count``: the non-pad targets, where the caller has them on the host (a Batch's n_tokens). Counting
     them here reads the device: on a GPU the host would wait for the queued work at every batch.
+    Only those rows go through the output layer: a padding row's loss and gradient are zero, and its
+    product with the (C, V) weight and its passes over V logits are work for nothing (6% of multi30k's
+    target rows at 2,048 tokens a batch, 9% at 32k, 15% at 64k).
     ``compiled``: each block by torch.compile (train.compile), fused.
     """
     if rows is None:
         rows = CPU_ROWS if hidden.device.type == "cpu" else GPU_ROWS
     C = hidden.size(-1)
     hidden, target = hidden.reshape(-1, C), target.reshape(-1)  # (N, C), (N,)
+    count = int((target != pad_id).sum()) if count is None else count
+    if count < len(target):  # the real rows, in their order; a sort, where nonzero() would make the host wait
+        real = torch.argsort(target == pad_id, stable=True)[:count]  # (count,)
+        hidden, target = hidden[real], target[real]  # the gradient goes back to those rows, the rest get zero
     weight, bias = generator.weight, generator.bias
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias)):
         loss = _GeneratorNLL.apply(hidden, weight, bias, target, pad_id, smoothing, rows, compiled)
     else:
         loss, _ = _generator_nll(hidden, weight, bias, target, pad_id, smoothing, rows, False, compiled)
-    return loss, int((target != pad_id).sum()) if count is None else count
+    return loss, count
 
 
 def label_smoothed_nll(

@@ -4,6 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import lib.optim
+
 from lib.optim import generator_nll, label_smoothed_nll, noam_lr, smoothed_targets
 
 PAD = 0
@@ -84,6 +86,41 @@ def test_generator_nll_equals_the_loss_of_the_full_logits(smoothing, rows):
         assert torch.allclose(got, want, atol=1e-12)
     with torch.no_grad():  # evaluation: the loss alone
         assert generator_nll(hidden, generator, target, PAD, smoothing, rows)[0].item() == pytest.approx(loss.item())
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("given", [False, True])
+def test_generator_nll_puts_no_padding_row_through_the_output_layer(compiled, given, monkeypatch):
+    """Only the real targets' rows reach the output layer's blocks, in their order: a padding row's loss and
+    gradient are zero, its product with the weight work for nothing. Its gradient comes back zero, the real
+    rows' as the full logits give it; the same with the count given (as a Batch's n_tokens) or counted."""
+    torch.manual_seed(0)
+    generator = torch.nn.Linear(5, 13).double()
+    hidden = torch.randn(3, 7, 5, dtype=torch.float64, requires_grad=True)
+    target = torch.randint(1, 13, (3, 7))
+    target[0, 4:] = PAD
+    target[2, 6] = PAD
+    seen = []
+
+    def recorded(block):
+        def run(h, t, *args):
+            seen.append(t)
+            return block(h, t, *args)
+        return run
+
+    monkeypatch.setattr("lib.optim._block", recorded(lib.optim._block))
+    monkeypatch.setattr("lib.optim._compiled_block", lambda compile: recorded(lib.optim._block_to_compile))
+    loss, n = generator_nll(hidden, generator, target, PAD, 0.1, rows=4, count=17 if given else None,
+                            compiled=compiled)
+    loss.backward()
+    assert n == 17 and torch.equal(torch.cat(seen), target[target != PAD])  # blocks of 4, 4, 4, 4, 1
+    got = hidden.grad
+    hidden.grad = None
+    expected, _ = label_smoothed_nll(generator(hidden), target, PAD, 0.1)
+    expected.backward()
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-12)
+    assert torch.equal(got[target == PAD], torch.zeros(4, 5, dtype=torch.float64))
+    assert torch.allclose(got, hidden.grad, atol=1e-12)
 
 
 def test_generator_nll_under_bf16_autocast_stays_close_to_float32():
