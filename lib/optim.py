@@ -262,7 +262,7 @@ def generator_nll(hidden: torch.Tensor, generator: torch.nn.Linear, target: torc
     count = int((target != pad_id).sum()) if count is None else count
     if count < len(target):  # the real rows, in their order; a sort, where nonzero() would make the host wait
         real = torch.argsort(target == pad_id, stable=True)[:count]  # (count,)
-        hidden, target = hidden[real], target[real]  # the gradient goes back to those rows, the rest get zero
+        hidden, target = hidden.index_select(0, real), target.index_select(0, real)  # the rest get no gradient
     weight, bias = generator.weight, generator.bias
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias)):
         loss = _GeneratorNLL.apply(hidden, weight, bias, target, pad_id, smoothing, rows, compiled)
