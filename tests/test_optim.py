@@ -4,8 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import lib.optim
-
+from lib import optim
 from lib.optim import generator_nll, label_smoothed_nll, noam_lr, smoothed_targets
 
 PAD = 0
@@ -108,8 +107,8 @@ def test_generator_nll_puts_no_padding_row_through_the_output_layer(compiled, gi
             return block(h, t, *args)
         return run
 
-    monkeypatch.setattr("lib.optim._block", recorded(lib.optim._block))
-    monkeypatch.setattr("lib.optim._compiled_block", lambda compile: recorded(lib.optim._block_to_compile))
+    monkeypatch.setattr(optim, "_block", recorded(optim._block))
+    monkeypatch.setattr(optim, "_compiled_block", lambda compile: recorded(optim._block_to_compile))  # its form, eager
     loss, n = generator_nll(hidden, generator, target, PAD, 0.1, rows=4, count=17 if given else None,
                             compiled=compiled)
     loss.backward()
