@@ -131,8 +131,9 @@ def _back_through_generator(p: torch.Tensor, h: torch.Tensor, weight: torch.Tens
 
 
 def _block(h, t, weight, bias, pad_id: int, smoothing: float, low: torch.dtype | None, with_grad: bool):
-    """One block of ``_generator_nll``: rows h (n, C) and their targets t (n,). Returns its summed loss and,
-    ``with_grad``, its gradients for h, weight and bias (or None)."""
+    """One block of ``_generator_nll``: rows h (n, C) and their targets t (n,), none of them pad (generator_nll
+    passes the real rows only). Returns its summed loss and, ``with_grad``, its gradients for h, weight and bias
+    (or None)."""
     acc = torch.promote_types(weight.dtype, torch.float32)
     z = F.linear(h, weight, bias)  # (n, V); under autocast the product is bf16
     # Shift each row by its max (exact in bf16 too), then exponentiate in place. A bf16 product is
@@ -149,7 +150,7 @@ def _block(h, t, weight, bias, pad_id: int, smoothing: float, low: torch.dtype |
     # Under autocast the gradient is made in the products' precision at once (autocast would cast it at
     # each product): its passes move 8 bytes an (n, V) entry where float32 and a cast moved 26, the
     # block's 45 where 63 (benchmarks/gpu_traffic.py's count; a GPU's time here is its memory traffic).
-    scale = (t != pad_id).to(acc)
+    scale = torch.ones_like(row_sum)  # every row's gradient whole: none is padding
     p = _softmax_minus_target_(z, t, pad_id, smoothing, scale, row_sum) if low is None else \
         _softmax_minus_target_in(low, z, t, pad_id, smoothing, scale, row_sum)
     return loss, _back_through_generator(p, h, weight, bias, acc)
@@ -171,7 +172,7 @@ def _block_to_compile(h, t, weight, bias, pad_id: int, smoothing: float, low: to
         return loss, None
     column, other = torch.arange(V, device=z.device), z.new_tensor(_q_other(smoothing, V))  # (V,); q in z's dtype
     q = torch.where(column == t[:, None], 1.0 - smoothing, torch.where(column == pad_id, 0.0, other))  # (n, V)
-    p = ((z - lse[:, None]).exp() - q).to(low or acc)  # (n, V): t holds no pad (generator_nll's rows)
+    p = ((z - lse[:, None]).exp() - q).to(low or acc)  # (n, V); t holds no pad, as in ``_block``
     return loss, _back_through_generator(p, h, weight, bias, acc)
 
 
