@@ -32,8 +32,9 @@ other) and the costliest operators (and, on a GPU, kernels), in ms a step;
 "ops_per_step" counts the operator calls that took time (on a GPU, those that
 launched a kernel); "matmul_tflops" is the products' own rate (their FLOPs over
 their time), and "top_matmuls" the costliest by shape: [operator, input shapes,
-calls, ms, TFLOP/s] a step. The profiler slows the host: "step_ms" there is the
-profiled step's.
+calls, ms, TFLOP/s] a step, from a second pass over the same steps that records
+shapes (``profile`` says why the times come from the first). The profiler slows
+the host: "step_ms" there is the profiled step's.
 """
 
 import argparse
@@ -145,20 +146,32 @@ def train_step(model, loss_fn, optimizer, batch: Batch, ids: SpecialIds, precisi
     optimizer.zero_grad(set_to_none=True)
 
 
-def profile(steps, device: torch.device) -> dict:
-    """Where the time of ``steps`` (callables, one a step) goes: ms a step by kind and by operator."""
+def _profiled(steps, device: torch.device, **options) -> tuple[torch.profiler.profile, float]:
+    """``steps`` run once under torch.profiler (``options`` its own); the profiler and the seconds they took."""
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     start = clock(device)
-    with torch.profiler.profile(activities=activities, record_shapes=True, with_flops=True) as prof:
+    with torch.profiler.profile(activities=activities, **options) as prof:
         for step in steps:
             step()
         clock(device)  # the queued kernels are recorded before the profile ends
-    seconds = clock(device) - start
+    return prof, clock(device) - start
+
+
+def profile(steps, device: torch.device) -> dict:
+    """Where the time of ``steps`` (callables, one a step) goes: ms a step by kind and by operator.
+
+    Two passes over the steps. The times come from one that records no input shapes: recording them keeps
+    a CPU's allocator from reusing what a step frees, so each new tensor is taken as fresh pages (multi30k's
+    bf16 step on a 2-core EPYC: 78k page faults a step against 3k, its casts, which first touch their
+    outputs, 8x slower, the step over twice as long). The products' shapes and FLOPs come from a second pass,
+    so "top_matmuls"' times are that pass's, on a CPU slowed alike; "matmul_tflops" is the products' FLOPs
+    over the first pass's time. A GPU's kernel times are its own in both."""
     n = len(steps)
-    events = prof.key_averages()
+    prof, seconds = _profiled(steps, device)
     own = (lambda e: e.self_device_time_total) if device.type == "cuda" else (lambda e: e.self_cpu_time_total)
+    events = prof.key_averages()
     ops = [(e.key, e.count / n, own(e) / 1000 / n) for e in events if e.device_type.name == "CPU" and own(e) > 0]
     kinds = dict.fromkeys([*KINDS, "other"], 0.0)
     for name, _, ms in ops:
@@ -174,12 +187,14 @@ def profile(steps, device: torch.device) -> dict:
               "top_ops": top(ops)}
     # The products' own rate, by shape: a GEMM whose output has few tiles (a 512 x 512 weight's gradient, summed
     # over 50k tokens) can leave most of a GPU idle however fast its square products are.
+    shaped, _ = _profiled(steps, device, record_shapes=True, with_flops=True)
     products = [(e.key, e.input_shapes, e.count / n, own(e) / 1000 / n, e.flops / n)
-                for e in prof.key_averages(group_by_input_shape=True)
+                for e in shaped.key_averages(group_by_input_shape=True)
                 if e.device_type.name == "CPU" and e.flops and kind_of(e.key) == "matmul"]
     # TFLOP/s to 3 significant figures: a small model's products on a busy CPU run at under 0.0005
     tflops = lambda flops, ms: float(f"{flops / ms / 1e9:.3g}") if ms else None  # noqa: E731
-    result["matmul_tflops"] = tflops(sum(f for *_, f in products), sum(ms for *_, ms, _ in products))
+    counted = {name for name, *_ in products}  # the products whose FLOPs the profiler counts, timed unshaped
+    result["matmul_tflops"] = tflops(sum(f for *_, f in products), sum(ms for name, _, ms in ops if name in counted))
     result["top_matmuls"] = [[name, shapes, round(calls, 1), round(ms, 3), tflops(f, ms)]
                              for name, shapes, calls, ms, f in sorted(products, key=lambda row: -row[3])[:10]]
     if device.type == "cuda":  # the kernels themselves: which GEMMs, which element-wise passes
