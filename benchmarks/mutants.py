@@ -167,6 +167,8 @@ MUTATIONS = [
      "weights_only=True)", "weights_only=False)", PIPELINE),
     ("a model and a tokenizer from different runs let through", "lib/checkpoint.py",
      "if theirs != (state[\"src_vocab_size\"], state[\"tgt_vocab_size\"]):", "if False:", PIPELINE),
+    ("a model of another task of the same kind let through", "lib/checkpoint.py",
+     "if task is not None and state.get(\"task\", task) != task:", "if False:", PIPELINE),
     ("a split's missing text or number handed to the tokenizer", "lib/data.py",
      "        if not texts.all():\n", "        if False:\n", PIPELINE),
     ("an empty split let through to the stage", "lib/data.py",

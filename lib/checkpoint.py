@@ -210,17 +210,22 @@ def load_model(path: str | Path, device="cpu"):
     return model.to(device).eval(), state
 
 
-def load_trained(model_path: str | Path, tokenizer_dir: str | Path, device="cpu"):
+def load_trained(model_path: str | Path, tokenizer_dir: str | Path, device="cpu", task: str | None = None):
     """A trained model and the tokenizers it was trained with: (model in eval mode, tokenizers, the file's dict).
 
     The two are written by different stages. A model file and a tokenizer directory from different runs
     would silently read the wrong tokens, or index the embeddings out of range, so their vocabulary sizes
-    must agree.
+    must agree. ``task``: the one the caller works on. The model file records the task it was trained for,
+    and a model of another task (of the same kind: cumsum's, asked to translate German) is refused; a file
+    written before the task was recorded says nothing of it, and is taken.
     """
     from lib.tokenizer import load_tokenizers
 
     tokenizers = load_tokenizers(tokenizer_dir)
     model, state = load_model(model_path, device)
+    if task is not None and state.get("task", task) != task:
+        raise ValueError(f"{model_path} was trained for the {state['task']} task, not {task}: name the task it was "
+                         f"trained for, or a model of {task}")
     theirs = (tokenizers.source.get_vocab_size(), tokenizers.target.get_vocab_size())
     if theirs != (state["src_vocab_size"], state["tgt_vocab_size"]):
         raise ValueError(f"{model_path} was trained with vocabularies of {state['src_vocab_size']} (source) and "
@@ -229,7 +234,7 @@ def load_trained(model_path: str | Path, tokenizer_dir: str | Path, device="cpu"
     return model, tokenizers, state
 
 
-def load_directory(directory: str | Path, device="cpu", option: str = ""):
+def load_directory(directory: str | Path, device="cpu", option: str = "", task: str | None = None):
     """``load_trained`` from a models directory laid out as the pipeline writes it (model.pt, tokenizer/),
     which is named first (after ``option``, if one gave it) when it is not there, a task never built, or is
     a file, or when it holds neither (its checkpoints/, say: which stage to run would be the wrong advice).
@@ -239,4 +244,4 @@ def load_directory(directory: str | Path, device="cpu", option: str = ""):
     if not (directory / "model.pt").exists() and not (directory / "tokenizer").exists():
         raise FileNotFoundError(f"{_named(directory, option)}: holds neither model.pt nor tokenizer/: not a models "
                                 "directory as the pipeline writes it (models/<task>, holding both)")
-    return load_trained(directory / "model.pt", directory / "tokenizer", device)
+    return load_trained(directory / "model.pt", directory / "tokenizer", device, task)

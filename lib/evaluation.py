@@ -58,7 +58,7 @@ def write_outputs(metrics: dict, samples: pd.DataFrame, metrics_path, samples_pa
 def evaluate_seq2seq(task, cfg: EvaluateConfig, data_dir, tokenizer_dir, model_path, metrics_path, samples_path):
     device = torch.device("cpu")
     module = get_task(task)
-    model, tokenizers, _ = checkpoint.load_trained(model_path, tokenizer_dir, device)
+    model, tokenizers, _ = checkpoint.load_trained(model_path, tokenizer_dir, device, task)
     frames = {split: read_split(data_dir, split) for split in evaluated_splits(task)}
     encoded = {split: encode_pairs(tokenizers, frame) for split, frame in frames.items()}
     check_evaluated_lengths(task, encoded, model.cfg.max_len)  # the data of another run, by hand
@@ -146,7 +146,7 @@ def text_metrics(model, ids: torch.Tensor, n_chars: int, block_size: int) -> dic
 
 
 def evaluate_lm(task, cfg: LMEvaluateConfig, data_dir, tokenizer_dir, model_path, metrics_path, samples_path):
-    model, tokenizers, state = checkpoint.load_trained(model_path, tokenizer_dir)
+    model, tokenizers, state = checkpoint.load_trained(model_path, tokenizer_dir, task=task)
     tokenizer = tokenizers.target
     text = read_text(data_dir, "valid")
     scores = text_metrics(model, encode_text(tokenizer, text), len(text), state["block_size"])

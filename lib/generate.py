@@ -435,8 +435,8 @@ def main(argv=None):
             if path and path != "-":
                 checkpoint.check_readable(path, option=option)
         model, tokenizers, state = checkpoint.load_directory(directory, device_named(args.device, "--device"),
-                                                             "--models" if args.models else "")
-        if state["kind"] != kind:
+                                                             "--models" if args.models else "", args.task)
+        if state["kind"] != kind:  # a model file from before the task was recorded
             raise ValueError(f"{directory / 'model.pt'} holds a model of kind {state['kind']!r}, but {args.task} "
                              f"is a {kind!r} task")
         if kind == "seq2seq":  # the bound is the model's: named before any input is read

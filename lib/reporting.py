@@ -577,7 +577,7 @@ def report_lines(task, cfg, data_dir, tokenizer_dir, model_path, metrics_path, s
     """report.md's lines, drawing its figures into ``figures_dir``, which the report links as ``rel``."""
     module = get_task(task)
     metrics, samples = read_metrics(metrics_path), read_samples(samples_path, module.KIND)
-    model, tokenizers, state = checkpoint.load_trained(model_path, tokenizer_dir)
+    model, tokenizers, state = checkpoint.load_trained(model_path, tokenizer_dir, task=task)
     if module.KIND == "lm" and cfg.passage_tokens > state["block_size"]:  # checked before anything is drawn
         raise ConfigError(f"report.passage_tokens: {cfg.passage_tokens} is longer than the blocks the model "
                           f"was trained on (train.block_size {state['block_size']})")

@@ -246,10 +246,11 @@ class Session:
         self.model.to(self.device)
         *parts, (_, total) = parameter_counts(self.model).items()
         log.info("model: %s parameters (%s)", f"{total:,}", ", ".join(f"{part} {n:,}" for part, n in parts))
-        # What the model file records of how it was trained, beside its step and validation loss, for the
-        # report: the label smoothing (the least loss it lets the training loss reach), and how often the
-        # untrained model predicted the token it was given (a cause of a first loss far above ln V).
-        self.trained_with = {"initial_repeats_input": round(repeats_input(self.model, self.ids), 4)}
+        # What the model file records of how it was trained, beside its step and validation loss: the task
+        # (so that another task's stages refuse it), and for the report the label smoothing (the least loss it
+        # lets the training loss reach) and how often the untrained model predicted the token it was given (a
+        # cause of a first loss far above ln V).
+        self.trained_with = {"task": task, "initial_repeats_input": round(repeats_input(self.model, self.ids), 4)}
         if hasattr(cfg, "label_smoothing"):
             self.trained_with["label_smoothing"] = cfg.label_smoothing
         self.train_model = distributed.wrap(self.model, self.ctx, self.device)  # forward and backward go here

@@ -785,6 +785,33 @@ def test_model_and_tokenizer_from_different_runs_are_named(tmp_path, built, tiny
     assert state["tgt_vocab_size"] == tokenizers.target.get_vocab_size() and not model.training
 
 
+def test_a_model_of_another_task_is_named(tmp_path, built, capsys):
+    """cumsum's model and tokenizer agree with each other, so only the task recorded in model.pt tells
+    evaluate, report and lib.generate that multi30k was asked for (it would "translate" German into digits)."""
+    from lib import generate
+
+    assert checkpoint.load(built["model"])["task"] == "cumsum"
+    message = r"model.pt was trained for the cumsum task, not multi30k: name the task it was trained for"
+    cfg = lambda stage: stage_config(TINY_PARAMS, "cumsum", stage)  # noqa: E731
+    out = {name: tmp_path / name for name in ("metrics.json", "samples.jsonl", "report.md", "figures")}
+    with pytest.raises(ValueError, match=message):
+        evaluation.run("multi30k", cfg("evaluate"), built["data"], built["tokenizer"], built["model"],
+                       out["metrics.json"], out["samples.jsonl"])
+    with pytest.raises(ValueError, match=message):
+        reporting.run("multi30k", cfg("report"), built["data"], built["tokenizer"], built["model"], built["metrics"],
+                      built["samples"], built["live"], out["report.md"], out["figures"])
+    assert not any(path.exists() for path in out.values())
+    (tmp_path / "de.txt").write_text("Ein Hund läuft.\n")
+    with pytest.raises(SystemExit) as exit_info:
+        generate.main(["--task", "multi30k", "--models", str(built["model"].parent),
+                       "--input", str(tmp_path / "de.txt")])
+    assert exit_info.value.code == 2 and re.search(message, capsys.readouterr().err)
+    state = checkpoint.load(built["model"])  # a model file from before the task was recorded is taken
+    del state["task"]
+    torch.save(state, tmp_path / "model.pt")
+    assert checkpoint.load_trained(tmp_path / "model.pt", built["tokenizer"], task="multi30k")[2]["kind"] == "seq2seq"
+
+
 def test_a_directory_is_replaced_whole_or_left_as_it_was(tmp_path, monkeypatch):
     """prepare and tokenize write a directory each: the new one goes into place by rename, and where that
     fails (a full disk, Ctrl-C between the two renames) the previous one is put back whole."""
