@@ -790,7 +790,8 @@ def test_a_model_of_another_task_is_named(tmp_path, built, capsys):
     evaluate, report and lib.generate that multi30k was asked for (it would "translate" German into digits)."""
     from lib import generate
 
-    assert checkpoint.load(built["model"])["task"] == "cumsum"
+    state = checkpoint.load(built["model"])
+    assert state["task"] == "cumsum"
     message = r"model.pt was trained for the cumsum task, not multi30k: name the task it was trained for"
     cfg = lambda stage: stage_config(TINY_PARAMS, "cumsum", stage)  # noqa: E731
     out = {name: tmp_path / name for name in ("metrics.json", "samples.jsonl", "report.md", "figures")}
@@ -806,8 +807,7 @@ def test_a_model_of_another_task_is_named(tmp_path, built, capsys):
         generate.main(["--task", "multi30k", "--models", str(built["model"].parent),
                        "--input", str(tmp_path / "de.txt")])
     assert exit_info.value.code == 2 and re.search(message, capsys.readouterr().err)
-    state = checkpoint.load(built["model"])  # a model file from before the task was recorded is taken
-    del state["task"]
+    del state["task"]  # a model file from before the task was recorded is taken
     torch.save(state, tmp_path / "model.pt")
     assert checkpoint.load_trained(tmp_path / "model.pt", built["tokenizer"], task="multi30k")[2]["kind"] == "seq2seq"
 
