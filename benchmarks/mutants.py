@@ -106,7 +106,7 @@ MUTATIONS = [
     ("smoothing mass on pad (the gradient made in bf16)", "lib/optim.py",
      "    grad[:, pad_id] = (e[:, pad_id] * p_scale).to(low)  # q_pad = 0\n", "", NUMERIC),
     ("the gold token's gradient as any other's (made in bf16)", "lib/optim.py",
-     "    return grad.scatter_(1, target[:, None], gold[:, None].to(low))\n", "    return grad\n", NUMERIC),
+     "    grad[torch.arange(grad.size(0), device=grad.device), target] = gold.to(low)\n", "", NUMERIC),
     ("smoothing mass on pad (the loss compiled)", "lib/optim.py",
      "torch.where(column == pad_id, 0.0, other)", "other", NUMERIC),
     ("the gold token's whole mass, unsmoothed (the loss compiled)", "lib/optim.py",
