@@ -11,7 +11,7 @@ kernel at the hardware's limit. "mfu_ceiling" is the MFU of that time (lib.metri
 real lengths, over it and the peak): no eager run of these operators can do better.
 
 The step takes the GPU's paths, not the CPU's: torch's dropout (one fused kernel, native_dropout, as CUDA
-runs it), the attention's and the loss's forms for a GPU (lib.dropout.eager_on_cpu false), the loss's
+runs it), the attention's and the loss's forms for a GPU (transformer.fast.eager.eager_on_cpu false), the loss's
 8,192-row blocks, no id check. CPU autocast puts the same operators in bf16 as CUDA's for this model (the
 products; the residual stream, its LayerNorms and the softmax stay float32). Against a measurement: the
 H200 of 2026-12-04 ran the eager step at 2.2x its roofline, from 32k tokens a batch (RESULTS.md, forty-seventh
@@ -53,19 +53,19 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
 
-import lib.attention
-import lib.dropout
-import lib.model
-import lib.optim
-import lib.training
+import lib.losses
+import transformer.fast.attention
+import transformer.fast.dropout
+import transformer.fast.loss
+import transformer.layers
 from benchmarks import train_throughput
 from benchmarks.train_throughput import (MODEL_KEYS, ROOT, batch_source, batch_work, kind_of, model_config, ours_loss,
                                          positive, train_step)
-from lib.config import ModelConfig
-from lib.model import Transformer
-from lib.training import compile_model
+from transformer.config import ModelConfig
+from transformer.fast.compile import compile_model
+from transformer.model import Transformer
 
-LIB = str(ROOT / "lib")
+LIB = (str(ROOT / "lib"), str(ROOT / "transformer"))  # the project's own code
 TOP = 15  # lines shown
 SECTOR = 32  # bytes: the least a GPU reads or writes at a time
 SPARSE = ("aten::gather", "aten::scatter_add_", "aten::scatter_", "aten::index_put_", "aten::index",
@@ -142,9 +142,10 @@ class Traffic(TorchDispatchMode):
 def gpu_paths():
     """The model's and the loss's GPU forms on fake CPU tensors (see the module's docstring)."""
     dropout = lambda x, p=0.5, training=True, inplace=False: torch.native_dropout(x, p, training)[0]  # noqa: E731
-    patches = [(module, "eager_on_cpu", lambda x: False) for module in (lib.dropout, lib.attention, lib.optim)]
-    patches += [(lib.model.Embedding, "check_ids", lambda self, ids, start: None), (F, "dropout", dropout),
-                (lib.training, "generator_nll", partial(lib.optim.generator_nll, rows=lib.optim.GPU_ROWS))]
+    patches = [(module, "eager_on_cpu", lambda x: False) for module in (transformer.fast.dropout, transformer.fast.attention,
+                                                                      transformer.fast.loss)]
+    patches += [(transformer.layers.Embedding, "check_ids", lambda self, ids, start: None), (F, "dropout", dropout),
+                (lib.losses, "generator_nll", partial(transformer.fast.loss.generator_nll, rows=transformer.fast.loss.GPU_ROWS))]
     saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
     try:
         for owner, name, value in patches:

@@ -1,4 +1,4 @@
-"""What the embedding's id check (``lib.model.Embedding.check_ids``) costs where it costs most: small steps.
+"""What the embedding's id check (``transformer.layers.Embedding.check_ids``) costs where it costs most: small steps.
 
 Decodes the cumsum test set with the trained cumsum model, greedily and with
 beam search (one token a step through a 0.18M-parameter model, so the check's
@@ -23,8 +23,8 @@ import torch
 
 from lib.data import collate, read_split, token_budget_batches
 from lib.inference import load
-from lib.masks import padding_mask, target_mask
-from lib.model import Embedding
+from transformer.masks import padding_mask, target_mask
+from transformer.layers import Embedding
 from lib.tokenizer import encode_pairs, special_ids
 
 ROOT = Path(__file__).resolve().parents[1]

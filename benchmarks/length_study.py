@@ -41,7 +41,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from lib import evaluation, tokenizer, training  # noqa: E402
-from lib.config import ConfigError, load_params, parse_yaml, stage_config  # noqa: E402
+from lib.config import ConfigError, load_params, parse_yaml
+from lib.params import stage_config  # noqa: E402
 from lib.tasks import cumsum, run_prepare  # noqa: E402
 
 HERE = Path(__file__).resolve().parent

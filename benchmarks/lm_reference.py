@@ -31,8 +31,9 @@ from lib import checkpoint, training
 from lib.config import LMTrainConfig, ModelConfig, TokenizeConfig
 from lib.data import read_text
 from lib.evaluation import split_loss
-from lib.optim import cosine_lr, weight_decay_groups
-from lib.model import build_model
+from lib.training import weight_decay_groups
+from transformer.schedules import cosine_lr
+from transformer.model import build_model
 from lib.tasks import run_prepare, shakespeare
 from lib.tokenizer import encode_text, load_tokenizers, run as run_tokenize
 

@@ -23,10 +23,11 @@ from pathlib import Path
 import torch
 
 from benchmarks.lm_reference import step_times
-from lib.config import load_params, stage_config
-from lib.model import TransformerLM, parameter_counts
-from lib.optim import weight_decay_groups
-from lib.training import resolve_precision
+from lib.config import load_params
+from lib.params import stage_config
+from transformer.model import TransformerLM, parameter_counts
+from lib.training import weight_decay_groups
+from lib.device import resolve_precision
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 69  # tiny-shakespeare's 65 characters and the 4 special tokens

@@ -8,11 +8,13 @@ tree (without .git, .venv and the pipeline's outputs) is copied to a scratch
 directory, the replacement made, and the tests that should catch it run with
 ``pytest -x``: "killed" when one fails,
 "survived" when all pass (then no test can tell the mistake from the real
-thing: write one). "stale" means the source line has changed since the mutation
-was written: update the mutation. Prints a JSON line per mutation, then a summary.
+thing: write one). A mutation names the file it was written for; when its text is no longer
+there (the code moved), the one file of lib/, transformer/ and stages/ that holds it exactly once is
+mutated instead. "stale" means no file holds it once: update the mutation (``--check`` lists those
+without running any test). Prints a JSON line per mutation, then a summary.
 Run from the repository root (most take 2-15 s; the training, pipeline and user ones 0.5-3 minutes; the first 65,
 46 minutes, the user family's 28, 27 minutes):
-    PYTHONPATH=. python benchmarks/mutants.py [--only SUBSTRING ...] [--workdir /tmp/mutants]
+    PYTHONPATH=. python benchmarks/mutants.py [--only SUBSTRING ...] [--workdir /tmp/mutants] [--check]
 """
 
 import argparse
@@ -46,7 +48,9 @@ USER = ["tests/test_data.py", "tests/test_decoding.py", "tests/test_model.py", "
 MUTATIONS = [
     ("attention without 1/sqrt(D)", "lib/attention.py",
      "q3, k3.transpose(1, 2), alpha=D**-0.5)", "q3, k3.transpose(1, 2), alpha=1.0)", NUMERIC),
-    ("softmax over the queries", "lib/attention.py",
+    ("softmax over the queries", "transformer/fast/attention.py",
+     "F.softmax(scores.float(), dim=-1)", "F.softmax(scores.float(), dim=-2)", NUMERIC),
+    ("the reference attention's softmax over the queries", "transformer/attention.py",
      "F.softmax(scores.float(), dim=-1)", "F.softmax(scores.float(), dim=-2)", NUMERIC),
     ("no output projection", "lib/attention.py",
      "return self.out_proj(out), weights", "return out, weights", NUMERIC),
@@ -60,7 +64,7 @@ MUTATIONS = [
     ("cross attention's bias dropped", "lib/attention.py",
      "None if b is None else b[rows])", "None)", NUMERIC),
     ("cross attention's keys and values swapped", "lib/attention.py",
-     "q, (k, v) = self._query(x)", "q, (v, k) = self._query(x)", NUMERIC),
+     "q, (k, v) = self.query(x)", "q, (v, k) = self.query(x)", NUMERIC),
     ("RoPE turning the other way", "lib/attention.py", "sin[:, 0::2] *= -1", "sin[:, 1::2] *= -1", NUMERIC),
     ("ALiBi's slopes off by one head", "lib/attention.py",
      "2 ** (-8 * (i + 1) / n)", "2 ** (-8 * i / n)", NUMERIC),
@@ -80,9 +84,8 @@ MUTATIONS = [
      "table[:, 0::2] = torch.sin(", "table[:, 0::2] = torch.cos(", NUMERIC),
     ("positions ignoring the cache's offset", "lib/model.py",
      "return x + self.table[start:start + T]", "return x + self.table[:T]", NUMERIC),
-    ("the encoder's feed-forward without its residual", "lib/model.py",
-     "x = self.norm2(x + self.dropout(self.feed_forward(x)))\n        return x, weights",
-     "x = self.norm2(self.dropout(self.feed_forward(x)))\n        return x, weights", NUMERIC),
+    ("a Post-LN sublayer without its residual", "transformer/layers.py",
+     "return norm(x + self.dropout(h)), weights", "return norm(self.dropout(h)), weights", NUMERIC),
     ("Post-LN cross attention reading the decoder", "lib/model.py",
      "self.cross_attn(x, memory, src_mask, cross_cache, start)", "self.cross_attn(x, x, None, None, start)", NUMERIC),
     ("Pre-LN without the encoder's final norm", "lib/model.py",
@@ -140,10 +143,11 @@ MUTATIONS = [
      "if id(p) in linear_weights and id(p) not in embeddings]", "if id(p) in linear_weights or id(p) in embeddings]",
      TRAINING),
     ("gradient clipping 100 times too loose", "lib/training.py",
-     "clip_grad_norm_(self.model.parameters(), clip_norm, foreach=True)",
-     "clip_grad_norm_(self.model.parameters(), clip_norm * 100, foreach=True)", TRAINING),
+     "/ n_tokens\n            grad_norm = torch.nn.utils.clip_grad_norm_(trainee.model.parameters(), cfg.clip_norm,",
+     "/ n_tokens\n            grad_norm = torch.nn.utils.clip_grad_norm_(trainee.model.parameters(), cfg.clip_norm * 100,",
+     TRAINING),
     ("gradients never zeroed", "lib/training.py",
-     "        self.optimizer.zero_grad(set_to_none=True)\n", "", TRAINING),
+     "            optimizer.zero_grad(set_to_none=True)\n            run.log(**{\"train/loss\": loss, \"train/lr\": lr, \"train/grad_norm\": grad_norm,\n                       **speed(tokens,", "            run.log(**{\"train/loss\": loss, \"train/lr\": lr, \"train/grad_norm\": grad_norm,\n                       **speed(tokens,", TRAINING),
     ("rank 0 taking every row of a global batch", "lib/distributed.py",
      "    mine = rows[ctx.rank::ctx.world]\n", "    mine = rows[ctx.rank::ctx.world] if ctx.rank else rows\n",
      TRAINING),
@@ -187,8 +191,8 @@ MUTATIONS = [
     ("a resumed run's best.pt checked only when copied into model.pt, after training", "lib/training.py",
      'if self.state["best_valid_loss"] < math.inf:  #', "if False:  #", PIPELINE),
     ("a resumed run's missing best.pt named as never trained", "lib/training.py",
-     "        if not self.best_path.is_file():\n            raise ValueError(",
-     "        if False:\n            raise ValueError(", PIPELINE),
+     "            if not self.best_path.is_file():\n                raise ValueError(",
+     "            if False:\n                raise ValueError(", PIPELINE),
     ("an unreadable dvclive summary left for the resume to stop on", "lib/training.py",
      "    if not readable:\n        log.warning(", "    if False:\n        log.warning(", PIPELINE),
     ("a curve row that is not numbers left for pandas", "lib/training.py",
@@ -197,7 +201,7 @@ MUTATIONS = [
     ("a NaN loss written back as empty dropped as a bad row", "lib/training.py",
      'float(text or "nan")', "float(text)", PIPELINE),
     ("an evaluated split longer than max_len found only after training", "lib/training.py",
-     "    check_evaluated_lengths(task, {split: encode_pairs(run.tokenizers, read_split(data_dir, split))\n"
+     "    check_evaluated_lengths(task, {split: encode_pairs(tokenizers, read_split(data_dir, split))\n"
      "                                   for split in evaluated_splits(task)}, cfg.model.max_len)\n", "", PIPELINE),
     ("an evaluated split longer than the model's max_len found only by the model, mid-evaluation",
      "lib/evaluation.py", "    check_evaluated_lengths(task, encoded, model.cfg.max_len)", "    pass", PIPELINE),
@@ -221,9 +225,9 @@ MUTATIONS = [
      "todo = batches[state[\"batches_done\"]:]", "todo = batches", PIPELINE),
     ("resuming across a changed param", "lib/training.py", "if old.get(key) != value:", "if False:", PIPELINE),
     ("resuming across changed data or code", "lib/training.py",
-     "if saved.get(\"inputs\") != self.identity[\"inputs\"]:", "if False:", PIPELINE),
+     "if saved.get(\"inputs\") != identity[\"inputs\"]:", "if False:", PIPELINE),
     ("model.pt the last epoch's, not the best", "lib/training.py",
-     "if valid_loss < self.state[\"best_valid_loss\"]:", "if True:", PIPELINE),
+     "if valid_loss >= self.state[\"best_valid_loss\"]:\n            return False", "if False:\n            return False", PIPELINE),
     ("an average kept though it validates worse", "lib/training.py",
      "if valid_loss >= run.state[\"best_valid_loss\"]:\n        return None", "if False:\n        return None",
      PIPELINE),
@@ -233,9 +237,9 @@ MUTATIONS = [
     ("every epoch's batches in the same order", "lib/training.py",
      "manual_seed(cfg.seed * 1_000_003 + epoch)", "manual_seed(cfg.seed * 1_000_003)", PIPELINE),
     ("DDP's average not undone (the update a world's times too small)", "lib/training.py",
-     "(weight * run.ctx.world)).backward()", "weight).backward()", PIPELINE),
+     "(weight * ctx.world)).backward()", "weight).backward()", PIPELINE),
     ("every process writing the models", "lib/training.py",
-     "if self.ctx.is_main:\n            checkpoint.save_model(", "if True:\n            checkpoint.save_model(",
+     "        if self.ctx.is_main:\n            t = self.trainee", "        if True:\n            t = self.trainee",
      PIPELINE),
     ("the ranks' dropout seeds 2**32 apart (one stream: the CPU's generator reads 32 bits)", "lib/distributed.py",
      "torch.manual_seed((seed + ctx.rank * RANK_SEED_STEP) % 2**32)", "torch.manual_seed(seed + (ctx.rank << 32))",
@@ -374,14 +378,14 @@ MUTATIONS = [
     ("generate's --output - (stdout) taken for a file named - that the input reads as ./-", "lib/generate.py",
      "if path and \"-\" not in (path, args.output) and", "if path and path != \"-\" and", USER),
     ("generate's --output compared with the inputs by name, not by the file its links lead to", "lib/generate.py",
-     "checkpoint.placed(output, path) == \"is\"", "output == path", USER),
+     "files.placed(output, path) == \"is\"", "output == path", USER),
     ("generate's --output refused where a hard link to the input, which it leaves, is named", "lib/generate.py",
-     "checkpoint.placed(output, path) == \"is\"", "os.path.samefile(output, path)", USER),
+     "files.placed(output, path) == \"is\"", "os.path.samefile(output, path)", USER),
     ("generate's --output=~/out.txt written under a directory named ~", "lib/generate.py",
      "parser.add_argument(\"--output\", default=\"-\", type=os.path.expanduser,",
      "parser.add_argument(\"--output\", default=\"-\",", USER),
     ("generate's --output let replace the model.pt it loads, --attention draw into tokenizer/", "lib/generate.py",
-     "for name, stage in MODEL_FILES.items() if (how := checkpoint.placed(path, directory / name))]",
+     "for name, stage in MODEL_FILES.items() if (how := files.placed(path, directory / name))]",
      "for name, stage in MODEL_FILES.items() if False]", USER),
     ("generate's outputs let go inside tokenizer/ and checkpoints/, only the paths themselves refused",
      "lib/checkpoint.py",
@@ -391,10 +395,10 @@ MUTATIONS = [
     ("generate's unknown --task named as the params' tasks list, not as the option", "lib/generate.py",
      "required=True, choices=TASKS,", "required=True,", USER),
     ("generate's --attention let be its --output (the figures made, then the output lost)", "lib/generate.py",
-     "        if how := checkpoint.placed(args.attention, args.output):", "        if False:", USER),
+     "        if how := files.placed(args.attention, args.output):", "        if False:", USER),
     ("generate's --attention let be under its --output, only the same path refused", "lib/generate.py",
-     "if how := checkpoint.placed(args.attention, args.output):",
-     "if (how := checkpoint.placed(args.attention, args.output)) == \"is\":", USER),
+     "if how := files.placed(args.attention, args.output):",
+     "if (how := files.placed(args.attention, args.output)) == \"is\":", USER),
     ("a models directory holding neither model.pt nor tokenizer/ told to run the tokenize stage",
      "lib/checkpoint.py",
      "    if not (directory / \"model.pt\").exists() and not (directory / \"tokenizer\").exists():",
@@ -433,13 +437,27 @@ def mutated(text: str, old: str, new: str) -> str | None:
     return text.replace(old, new) if text.count(old) == 1 and new != old else None
 
 
+SOURCES = ("lib", "transformer", "stages")  # where a mutation's text is looked for when its file no longer holds it
+
+
+def locate(root: Path, path: str, old: str) -> str | None:
+    """The file under ``root`` to mutate: ``path`` when it holds ``old`` exactly once, else the one source file
+    that does; None when there is none (or several)."""
+    if (root / path).is_file() and (root / path).read_text(encoding="utf-8").count(old) == 1:
+        return path
+    holders = [str(file.relative_to(root)) for package in SOURCES for file in sorted((root / package).rglob("*.py"))
+               if file.read_text(encoding="utf-8").count(old) == 1]
+    return holders[0] if len(holders) == 1 else None
+
+
 def run(what: str, path: str, old: str, new: str, tests: list[str], tree: Path) -> dict:
     copy_tree(tree)
-    source = tree / path
+    found = locate(tree, path, old)
+    if found is None or old == new:
+        return {"mutation": what, "file": path, "result": "stale"}
+    path, source = found, tree / found
     text = source.read_text(encoding="utf-8")
     mutant = mutated(text, old, new)
-    if mutant is None:
-        return {"mutation": what, "file": path, "result": "stale", "found": text.count(old)}
     source.write_text(mutant, encoding="utf-8")
     start = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests], cwd=tree,
@@ -453,10 +471,17 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="+", default=[], help="run the mutations whose description holds one of these")
     parser.add_argument("--workdir", default=None, help="where the mutated copy goes (default: a temporary directory)")
+    parser.add_argument("--check", action="store_true", help="only list the stale mutations (seconds, no tests run)")
     args = parser.parse_args()
     chosen = [m for m in MUTATIONS if not args.only or any(s in m[0] for s in args.only)]
     if not chosen:
         parser.error(f"--only {' '.join(args.only)}: no mutation's description holds it")
+    if len({what for what, *_ in MUTATIONS}) != len(MUTATIONS):
+        parser.error("two mutations share a description, by which --only picks them")
+    if args.check:
+        stale = [what for what, path, old, new, _ in chosen if old == new or locate(ROOT, path, old) is None]
+        print(json.dumps({"mutations": len(chosen), "stale": stale}))
+        return 1 if stale else 0
     if args.workdir:  # made if missing, as the usage line's /tmp/mutants is on a fresh machine
         try:
             Path(args.workdir).mkdir(parents=True, exist_ok=True)

@@ -33,13 +33,15 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from lib import evaluation, tokenizer, training
-from lib.config import load_params, stage_config
-from lib.masks import padding_mask, target_mask
-from lib.model import build_model, repeats_input
+from lib import evaluation, setup, tokenizer, training
+from lib.config import load_params
+from lib.params import stage_config
 from lib.reporting import read_curves
+from lib.setup import repeats_input
 from lib.tasks import run_prepare
 from lib.tokenizer import SpecialIds
+from transformer.masks import padding_mask, target_mask
+from transformer.model import build_model
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = ("untied", "tied", "copy-start")
@@ -58,8 +60,8 @@ def cumsum_params(variant: str, seed: int) -> dict:
 
 def build(variant: str):
     """``build_model`` for the variant: copy-start copies the decoder's input vectors into the output layer."""
-    def make(cfg, kind, src_vocab_size, tgt_vocab_size, joint_vocab):
-        model = build_model(cfg, kind, src_vocab_size, tgt_vocab_size, joint_vocab)
+    def make(cfg, kind, src_vocab_size, tgt_vocab_size, joint_vocab, fast=False):
+        model = build_model(cfg, kind, src_vocab_size, tgt_vocab_size, joint_vocab, fast)
         if variant == "copy-start":
             with torch.no_grad():
                 model.generator.weight.copy_(model.tgt_embed.tokens.weight)
@@ -94,7 +96,7 @@ def trained(variant: str, seed: int, tmp: Path) -> dict:
     if not data.exists():  # the same data and vocabulary for every run
         run_prepare("cumsum", stage_config(params, "cumsum", "prepare"), data)
         tokenizer.run("cumsum", stage_config(params, "cumsum", "tokenize"), data, tok)
-    training.build_model = build(variant)
+    setup.build_model = build(variant)
     start = time.perf_counter()
     training.run("cumsum", stage_config(params, "cumsum", "train"), data, tok, run_dir / "model.pt",
                  run_dir / "ckpt", run_dir / "live")

@@ -51,12 +51,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lib.config import ModelConfig
 from lib.data import Batch, collate, read_split, token_budget_batches
+from lib.device import keep_freed_memory
+from lib.losses import seq2seq_loss
 from lib.metrics import LAYOUTS, PRECISION_DTYPES, clock, matmul_peak, product_rate, square_sizes, training_flops
-from lib.model import SinusoidalPositionalEncoding, Transformer
 from lib.tokenizer import SpecialIds, encode_pairs, load_tokenizers, special_ids
-from lib.training import compile_model, keep_freed_memory, seq2seq_loss
+from transformer.config import ModelConfig
+from transformer.fast.compile import compile_model
+from transformer.model import Transformer
+from transformer.positions import SinusoidalPositionalEncoding
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ("ours", "torch_nn_transformer")
@@ -87,7 +90,7 @@ class TorchReference(nn.Module):
 
 
 def ours_loss(model, batch: Batch, ids: SpecialIds, smoothing: float, compiled: bool = False):
-    loss, n = seq2seq_loss(model, batch, ids, smoothing, compiled)  # the train stage's own loss
+    loss, n = seq2seq_loss(model, batch, ids, smoothing, compiled=compiled)  # the train stage's own loss
     return loss / n
 
 

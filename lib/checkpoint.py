@@ -1,166 +1,16 @@
-"""Atomic writes and the one helper that loads checkpoints and models (weights only)."""
+"""The one helper that saves and loads checkpoints and models (weights only), and rebuilds a trained model
+with the tokenizers it was trained with."""
 
-import os
 import pickle
-import shutil
-import tempfile
-from contextlib import contextmanager
-from fnmatch import fnmatchcase
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
-from lib.config import first_few
-
-
-def not_as_written(path: str | Path, what: str, stage: str) -> ValueError:
-    """The error for an input that is there but not as ``stage`` writes it: the file, what is wrong, the way out."""
-    return ValueError(f"{path}: {what}; re-run the {stage} stage")
-
-
-def _read_umask() -> int:
-    """The process's umask. Reading it means setting it (and setting it straight back), so it is read
-    once, at import, before any thread could create a file in between."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-NEW_FILE_MODE = 0o666 & ~_read_umask()  # what open() gives a new file
-
-
-def check_writable(path: str | Path, directory: bool = False, option: str = ""):
-    """Raise a ValueError naming ``path`` (after ``option``, the command-line option that gave it, if any)
-    when what is already on disk would stop a file, or a ``directory``, being written there: a directory
-    where a file goes, or a file where a directory goes or where one above it goes. A stage checks its
-    outputs before its work, so that such a mistake costs a second, not a training run."""
-    path = Path(path)
-    a_file_above = next((above for above in path.parents if above.exists() and not above.is_dir()), None)
-    if a_file_above is not None:
-        problem = f"{a_file_above} is a file, where a directory is needed"
-    elif directory and path.exists() and not path.is_dir():
-        problem = "a file is there, where a directory is written"
-    elif not directory and path.is_dir():
-        problem = "a directory is there, where a file is written"
-    else:
-        return
-    raise ValueError(f"{_named(path, option)}: {problem} (move it or name another path)")
-
-
-def check_replaceable(path: str | Path, holds: tuple[str, ...], option: str = "", writer: str = ""):
-    """Raise a ValueError naming ``path`` (after ``option``, as check_writable) when it is a directory that
-    holds anything but what the ``writer`` stage writes there (``holds``: the names, as fnmatch patterns).
-    The stage replaces the directory whole (training started afresh clears it), so a mistyped path, the
-    models directory for its tokenizer/ say, would lose all the rest. Checked before the work."""
-    path = Path(path)
-    if not path.is_dir():
-        return
-    others = sorted(entry.name + "/" * entry.is_dir() for entry in path.iterdir()
-                    if not any(fnmatchcase(entry.name, pattern) for pattern in holds))
-    if others:
-        those, them = ("that", "it") if len(others) == 1 else ("those", "them")
-        raise ValueError(f"{_named(path, option)}: holds {first_few(others, 4)}, which the {writer} stage does not "
-                         f"write; it replaces the directory whole, so {those} would be lost (move {them} or name "
-                         "another path)")
-
-
-def placed(path: str | Path, within: str | Path) -> str:
-    """"is" where ``path`` is ``within``, "is in" where it is inside it, links followed on both sides; "" else."""
-    real, held = os.path.realpath(path), os.path.realpath(within)
-    return "is" if real == held else "is in" if os.path.commonpath([real, held]) == held else ""
-
-
-def written_by(named: str, how: str, within: str | Path, writer: str) -> str:
-    """The error for a path to write, ``named`` as given, that ``how`` ("is" / "is in") ``within``, what the
-    ``writer`` stage wrote: a file more there changes a DVC output (`dvc repro` runs that stage again, which
-    clears it), one replaced there is lost."""
-    return (f"{named}: {how} {within}, which the {writer} stage wrote; writing there would replace or change it "
-            "(name a path outside it)")
-
-
-def _named(path: Path, option: str) -> str:
-    """``path`` after the command-line ``option`` that gave it, if any: what a check's message names."""
-    return f"{option} {path}" if option else str(path)
-
-
-def check_readable(path: str | Path, directory: bool = False, option: str = "", writer: str = ""):
-    """Raise a FileNotFoundError naming ``path`` (after ``option``, as check_writable) when nothing is there,
-    with ``writer``, the stage that writes it, to run first; a ValueError when a file is there where a
-    ``directory`` is read, or the reverse. Checked before the work, like the outputs."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"{_named(path, option)}: not found" + (f" (run the {writer} stage first)"
-                                                                         if writer else ""))
-    if path.is_dir() != directory:
-        there, read = ("directory", "file") if path.is_dir() else ("file", "directory")
-        raise ValueError(f"{_named(path, option)}: a {there} is there, where a {read} is read")
-
-
-@contextmanager
-def atomic_path(path: str | Path):
-    """Yield a temporary path beside ``path``; move it into place only on success.
-
-    A crash or an error while writing leaves the previous file untouched and
-    no partial file behind.
-    """
-    path = Path(path)
-    check_writable(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.fchmod(fd, NEW_FILE_MODE)  # mkstemp makes it private (0600): the finished file gets the usual mode
-    os.close(fd)
-    try:
-        with naming(path):
-            yield Path(tmp)
-            os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
-@contextmanager
-def atomic_dir(path: str | Path):
-    """Yield a fresh temporary directory beside ``path``; it replaces ``path`` only on success.
-
-    The swap is two renames (the previous directory aside, the new one into place), each atomic, so a
-    crash or Ctrl-C at any moment leaves one whole directory at ``path`` or aside, never a half-deleted
-    one; the previous directory is deleted only once the new one is in place, and put back otherwise.
-    """
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    previous = path.with_name(f".{path.name}.previous")
-    _put_back(previous, path)  # a run killed between the two renames left it aside
-    check_writable(path, directory=True)
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        with naming(path):
-            yield tmp
-        if path.exists():
-            path.rename(previous)
-        tmp.rename(path)
-    finally:
-        _put_back(previous, path)
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-@contextmanager
-def naming(path: Path):
-    """An OSError that names no file, as a failed write's (a full disk's) does not, names ``path``: the output
-    being written (a file, or a directory of them), so that the one-line error a stage prints says where."""
-    try:
-        yield
-    except OSError as err:
-        if err.errno is not None and err.filename is None:  # a system's error (not one made with a message)
-            err.filename = str(path)
-        raise
-
-
-def _put_back(previous: Path, path: Path):
-    """Return the directory set aside to ``path`` if nothing took its place; delete it if something did."""
-    if previous.exists() and not path.exists():
-        previous.rename(path)
-    shutil.rmtree(previous, ignore_errors=True)
+from lib.config import ModelConfig, from_dict
+from lib.files import named, atomic_path, check_readable
+from lib.tokenizer import load_tokenizers
+from transformer.model import build_model
 
 
 def save(obj: dict, path: str | Path):
@@ -193,19 +43,16 @@ def save_model(model, kind: str, vocab: dict, extra: dict, path: str | Path):
 
     ``vocab``: src_vocab_size, tgt_vocab_size and joint_vocab, as build_model takes them.
     """
-    from dataclasses import asdict
-
     save({"model": model.state_dict(), "model_config": asdict(model.cfg), "kind": kind, **vocab, **extra}, path)
 
 
-def load_model(path: str | Path, device="cpu"):
-    """Rebuild a model saved by ``save_model``; returns (model in eval mode, the file's dict)."""
-    from lib.config import ModelConfig, from_dict
-    from lib.model import build_model
-
+def load_model(path: str | Path, device="cpu", fast: bool = True):
+    """Rebuild a model saved by ``save_model``; returns (model in eval mode, the file's dict).
+    ``fast``: run it with transformer.fast's modules (the weights are the same either way)."""
     state = load(path, map_location=device)
     cfg = from_dict(ModelConfig, state["model_config"], f"{path}: model_config")
-    model = build_model(cfg, state["kind"], state["src_vocab_size"], state["tgt_vocab_size"], state["joint_vocab"])
+    model = build_model(cfg, state["kind"], state["src_vocab_size"], state["tgt_vocab_size"], state["joint_vocab"],
+                        fast)
     model.load_state_dict(state["model"])
     return model.to(device).eval(), state
 
@@ -219,8 +66,6 @@ def load_trained(model_path: str | Path, tokenizer_dir: str | Path, device="cpu"
     and a model of another task (of the same kind: cumsum's, asked to translate German) is refused; a file
     written before the task was recorded says nothing of it, and is taken.
     """
-    from lib.tokenizer import load_tokenizers
-
     tokenizers = load_tokenizers(tokenizer_dir)
     model, state = load_model(model_path, device)
     if task is not None and state.get("task", task) != task:
@@ -242,6 +87,6 @@ def load_directory(directory: str | Path, device="cpu", option: str = "", task: 
     directory = Path(directory).expanduser()
     check_readable(directory, directory=True, option=option, writer="train")
     if not (directory / "model.pt").exists() and not (directory / "tokenizer").exists():
-        raise FileNotFoundError(f"{_named(directory, option)}: holds neither model.pt nor tokenizer/: not a models "
+        raise FileNotFoundError(f"{named(directory, option)}: holds neither model.pt nor tokenizer/: not a models "
                                 "directory as the pipeline writes it (models/<task>, holding both)")
     return load_trained(directory / "model.pt", directory / "tokenizer", device, task)

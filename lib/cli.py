@@ -12,8 +12,9 @@ import sys
 import time
 import traceback
 
-from lib.checkpoint import check_readable, check_replaceable, check_writable, placed, written_by
-from lib.config import ConfigError, check_stages_after, load_params, stage_config
+from lib.config import ConfigError, load_params
+from lib.files import check_readable, check_replaceable, check_writable, placed, written_by
+from lib.params import check_stages_after, stage_config
 
 
 class Terminated(BaseException):

@@ -14,9 +14,7 @@ import types
 import typing
 from pathlib import Path
 
-
-class ConfigError(ValueError):
-    """A params.yaml problem; the message names the dotted key at fault."""
+from transformer.config import ConfigError, ModelConfig, choose, require  # noqa: F401 (the model's own section)
 
 
 def _check_type(value, kind, key: str):
@@ -88,16 +86,6 @@ def flatten(nested: dict, prefix: str = "") -> dict:
     return flat
 
 
-def require(condition: bool, field: str, message: str):
-    """Validation step for __post_init__: from_dict prefixes the section's key."""
-    if not condition:
-        raise ConfigError(f"{field}: {message}")
-
-
-def choose(value: str, field: str, allowed: tuple[str, ...]):
-    require(value in allowed, field, f"{value!r} is not one of {', '.join(allowed)}")
-
-
 def check_seed(seed: int):
     """A seed above 32 bits would be read as its low 32 bits by the CPU's generator (a Mersenne twister),
     the same stream as a smaller seed's."""
@@ -112,70 +100,6 @@ def check_peak(peak_tflops: float | str):
 # bf16 pays off where the CPU multiplies bfloat16 natively (AMX, AVX512-BF16) and on GPUs; auto picks it
 # there, and fp32 elsewhere (training.resolve_precision).
 PRECISIONS = ("fp32", "bf16", "auto")
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelConfig:
-    d_model: int  # width C of every residual stream
-    n_heads: int  # attention heads H; head width D = C / H
-    encoder_layers: int  # encoder depth (seq2seq only)
-    decoder_layers: int  # decoder depth (the LM's depth)
-    d_ff: int  # inner width of the position-wise feed-forward
-    dropout: float  # on residual branches, embeddings and attention weights (sec. 5.4)
-    norm_first: bool  # False: Post-LN as in the paper; True: Pre-LN plus a final LayerNorm
-    tie_embeddings: bool  # share target embedding and generator (and source embedding: one vocab)
-    fused_qkv: bool  # one (3C, C) input projection instead of three (C, C)
-    max_len: int  # longest sequence the model accepts (and the position tables cover)
-    positional: str = "sinusoidal"  # sinusoidal | learned (added to embeddings) | rope | alibi (inside attention)
-    # rope only: feature pair i turns by base^(-2i/D) a position. The fastest pair always turns by 1 radian,
-    # so the base sets at which offsets the fast pairs come round together (about 19 at 10,000 with D = 16),
-    # where a model trained on shorter sequences may read a far token as a near one (RESULTS.md, tenth session).
-    rope_base: float = 10000.0
-    # On the feed-forward's inner activation (tensor2tensor's "relu dropout"; not in the paper). On a
-    # CPU its random mask, d_ff wide, costs more than all the other dropout together.
-    activation_dropout: float = 0.0
-    # Biases in every linear layer and LayerNorm (the paper's). False as in nanoGPT: ~7-10% faster
-    # a CPU step (no bias copy into each product, no bias gradients), no worse a loss in our LM runs.
-    bias: bool = True
-    # Key/value heads: 0 (or n_heads) one per query head, as in the paper; fewer, each shared by a group of
-    # n_heads / n_kv_heads query heads (grouped-query attention; 1: multi-query), a cache that many times smaller.
-    n_kv_heads: int = 0
-    norm: str = "layernorm"  # layernorm (the paper's) | rmsnorm (scaled by the root mean square: no centring, no bias)
-    # The feed-forward's nonlinearity: relu (the paper's), gelu (GPT's), or swiglu, swish(x W1) * (x W3)
-    # (Shazeer, 2020): a third d_ff-wide matrix, so Llama takes d_ff 2/3 as wide for the same parameters.
-    activation: str = "relu"
-
-    def __post_init__(self):
-        choose(self.positional, "positional", ("sinusoidal", "learned", "rope", "alibi"))
-        choose(self.norm, "norm", ("layernorm", "rmsnorm"))
-        choose(self.activation, "activation", ("relu", "gelu", "swiglu"))
-        for name in ("d_model", "n_heads", "d_ff", "max_len"):
-            require(getattr(self, name) > 0, name, "must be > 0")
-        require(self.encoder_layers >= 0, "encoder_layers", "must be >= 0")
-        require(self.decoder_layers > 0, "decoder_layers", "must be > 0")
-        require(
-            self.d_model % self.n_heads == 0,
-            "d_model",
-            f"{self.d_model} is not divisible by n_heads {self.n_heads}",
-        )
-        require(self.n_kv_heads >= 0, "n_kv_heads", "must be >= 0 (0: as many as n_heads)")
-        if self.n_kv_heads:
-            require(self.n_heads % self.n_kv_heads == 0, "n_kv_heads",
-                    f"{self.n_kv_heads} does not divide n_heads {self.n_heads}: each must serve as many query heads")
-        require(0.0 <= self.dropout < 1.0, "dropout", "must be in [0, 1)")
-        require(0.0 <= self.activation_dropout < 1.0, "activation_dropout", "must be in [0, 1)")
-        if self.positional == "rope":
-            require(self.head_dim % 2 == 0, "positional", f"rope needs an even head width, not {self.head_dim}")
-        require(self.rope_base > 1.0, "rope_base",
-                f"must be > 1 (each feature pair turning slower), not {self.rope_base}")
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_heads
-
-    @property
-    def kv_heads(self) -> int:
-        return self.n_kv_heads or self.n_heads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,6 +146,7 @@ class TrainConfig:
     # a datasheet figure, "measure" (square matmuls in train.precision, timed when training starts), or 0: none
     compile: bool = False  # torch.compile the training step's model and loss: fused element-wise kernels on a GPU
     # (a minute or two of compiling when training starts); on a CPU it is slower than eager
+    fast: bool = True  # true: train with transformer.fast's modules and fused loss; false: the reference forms
 
     def __post_init__(self):
         check_seed(self.seed)
@@ -262,6 +187,7 @@ class LMTrainConfig:
     # a datasheet figure, "measure" (square matmuls in train.precision, timed when training starts), or 0: none
     compile: bool = False  # torch.compile the training forward pass: fused element-wise kernels on a GPU
     # (a minute or two of compiling when training starts); on a CPU it is slower than eager
+    fast: bool = True  # true: train with transformer.fast's modules; false: the reference forms
     accumulate: int = 1  # batches of batch_size blocks whose gradients add up to one optimizer step (gradient
     # accumulation): the update of k * batch_size blocks in the memory of batch_size
 
@@ -359,13 +285,6 @@ def largest_alpha(longest: int) -> float:
     return math.log(FLOAT32_MAX) / math.log((5 + longest) / 6)
 
 
-def first_few(items, shown: int = 5) -> str:
-    """The first ``shown`` of ``items`` (texts) for a message, and how many more there are."""
-    items = list(items)
-    rest = len(items) - shown
-    return ", ".join(items[:shown]) + (f" and {rest} more" if rest > 0 else "")
-
-
 def utf8_text(raw: bytes, name: str | Path, first_line: int = 1) -> str:
     """``raw`` decoded as UTF-8; bytes that are not are named by line (``raw`` starting at line
     ``first_line`` of ``name``), and by byte within that line. The byte-order mark some editors start a
@@ -423,50 +342,3 @@ def load_params(path: str | Path = "params.yaml") -> dict:
     if not isinstance(params, dict):
         raise ConfigError(f"{path}: expected a mapping of params")
     return params
-
-
-def stage_config(params: dict, task: str, stage: str):
-    """The frozen config of ``stage`` for ``task``, validated."""
-    from lib.tasks import check_task_name, get_task  # tasks import config: import here, not at the top
-
-    get_task(task)  # an unknown task name fails first
-    tasks = params.get("tasks")
-    if not isinstance(tasks, list):
-        raise ConfigError(f"tasks: expected a list of task names (tasks: [{task}]), got {tasks!r}")
-    if task not in tasks:
-        raise ConfigError(f"tasks: {task!r} is not listed in tasks ({tasks!r})")
-    for name in tasks:  # another task's misspelt name stops `dvc repro` at its stages: said here, by the first
-        check_task_name(name)
-    section = params.get(task)
-    if not isinstance(section, dict) or stage not in section:
-        raise ConfigError(f"{task}.{stage}: missing section")
-    module = get_task(task)
-    cls = module.PrepareConfig if stage == "prepare" else STAGE_CONFIGS[stage][module.KIND]
-    return from_dict(cls, section[stage], f"{task}.{stage}")
-
-
-def check_stages_after(params: dict, task: str, stage: str):
-    """The params of the stages after ``stage``, validated as each will validate its own, and what they ask of
-    the model that train builds: so that a mistake in them is named before ``stage``'s work is done (a multi30k
-    training of tens of minutes, then an evaluate section that fails). The stages before ``stage`` have run,
-    or their outputs came from elsewhere (``dvc pull``): their params, and a local source that prepare read, are
-    not asked for."""
-    from lib.tasks import get_task
-
-    try:
-        # From ``stage`` on: its own section the stage has checked already, but train's is read below
-        cfgs = {name: stage_config(params, task, name) for name in STAGES[STAGES.index(stage):]}
-        train, evaluate, report = (cfgs.get(name) for name in ("train", "evaluate", "report"))
-        kind = get_task(task).KIND
-        if train and evaluate and kind == "seq2seq" and evaluate.beam_size > 1:  # greedy: no alpha
-            longest, most = train.model.max_len, largest_alpha(train.model.max_len)
-            require(evaluate.alpha <= most, f"{task}.evaluate.alpha",
-                    f"{evaluate.alpha}: the length penalty ((5 + length) / 6) ** alpha overflows float32 at "
-                    f"{task}.train.model.max_len {longest} for an alpha above {most:.1f} (GNMT's: 0.6 to 1)")
-        if train and report and kind == "lm":
-            require(report.passage_tokens <= train.block_size, f"{task}.report.passage_tokens",
-                    f"{report.passage_tokens} is longer than the blocks the model trains on "
-                    f"({task}.train.block_size {train.block_size})")
-    except ConfigError as err:
-        raise ConfigError(f"{err} (found before {stage} starts: each stage checks the params of those after it)"
-                          ) from None

@@ -7,17 +7,23 @@ from dataclasses import dataclass
 from functools import cached_property
 from itertools import chain
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import pandas as pd
 import torch
 
-from lib.checkpoint import not_as_written
-
-if TYPE_CHECKING:
-    from lib.tokenizer import SpecialIds
+from lib.files import not_as_written
 
 SPLITS = ("train", "valid", "test")
+
+
+@dataclass(frozen=True)
+class SpecialIds:
+    """The special tokens' ids, read from the tokenizer (lib.tokenizer.special_ids): no module hard-codes them."""
+    pad: int
+    bos: int
+    eos: int
+    unk: int
 
 
 def split_path(data_dir: str | Path, split: str) -> Path:
@@ -145,7 +151,7 @@ def _gather(packed: Packed, rows: torch.Tensor, pad_id: int, extra: int = 0) -> 
     return packed.ids[index].masked_fill_(empty, pad_id), lengths
 
 
-def collate(pairs: Pairs, indices: list[int], ids: "SpecialIds") -> Batch:
+def collate(pairs: Pairs, indices: list[int], ids: SpecialIds) -> Batch:
     """Shift right: the decoder reads bos + y and predicts y + eos."""
     rows = torch.tensor(indices, dtype=torch.long)
     src, _ = _gather(pairs.packed[0], rows, ids.pad)  # (B, S)

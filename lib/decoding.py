@@ -13,12 +13,11 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from lib.config import largest_alpha
-from lib.data import Pairs, collate, token_budget_batches
-from lib.dropout import Dropout
-from lib.masks import padding_mask, target_mask
-from lib.tokenizer import SpecialIds
+from lib.data import Pairs, SpecialIds, collate, token_budget_batches
+from transformer.masks import padding_mask, target_mask
 
 
 @dataclass(frozen=True)
@@ -58,7 +57,7 @@ def check_alpha(model, alpha: float, name: str = "alpha"):
 def check_eval_mode(model):
     """Refuse a model left in training mode with dropout on: every step of a search or score would then be drawn
     from a randomly thinned model, a different output each call and a worse one, and nothing would say so."""
-    if model.training and any(isinstance(m, Dropout) and m.p > 0 for m in model.modules()):
+    if model.training and any(isinstance(m, nn.Dropout) and m.p > 0 for m in model.modules()):
         raise ValueError("the model is in training mode, so its dropout would thin it at every step: call "
                          "model.eval() before searching, sampling or scoring (and model.train() to train on)")
 

@@ -17,14 +17,15 @@ import torch
 import torch.nn.functional as F
 
 from lib import checkpoint
-from lib.checkpoint import atomic_path
 from lib.config import EvaluateConfig, LMEvaluateConfig
 from lib.data import Pairs, read_split, read_text
+from lib.files import atomic_path
 from lib.decoding import Hypothesis, check_alpha, sampled, score_outputs, translate, translate_n_best
 from lib.metrics import perplexity
-from lib.tasks import get_task
+from lib.losses import mean_loss
+from lib.lengths import check_evaluated_lengths
+from lib.tasks import evaluated_splits, get_task
 from lib.tokenizer import continuation, decode, encode_pairs, encode_text, lm_ids, special_ids
-from lib.training import check_evaluated_lengths, evaluated_splits, mean_loss
 
 
 log = logging.getLogger(__name__)

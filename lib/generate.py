@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from lib import checkpoint
+from lib import checkpoint, files
 from lib.config import utf8_lines, utf8_text
 from lib.data import Pairs, collate
 from lib.decoding import check_alpha
@@ -63,7 +63,7 @@ def read_lines(path: str) -> list[str]:
 
 
 def write_text(path: str, text: str):
-    """Write ``text`` to ``path`` (``-``: stdout), whole. A file is replaced at once (``checkpoint.atomic_path``), and
+    """Write ``text`` to ``path`` (``-``: stdout), whole. A file is replaced at once (``files.atomic_path``), and
     through a symlink the file it names, so the link stays; a path that is there but is no file (a device
     such as /dev/null, a named pipe, /dev/stdout at a terminal or pipe) is written into, as the shell's
     ``>`` does: replacing it would put a file where the device or pipe was."""
@@ -71,10 +71,10 @@ def write_text(path: str, text: str):
         sys.stdout.write(text)
         sys.stdout.flush()
     elif os.path.exists(path) and not os.path.isfile(path):  # both follow links, /proc's /dev/stdout too
-        with checkpoint.naming(Path(path)), open(path, "w", encoding="utf-8") as stream:
+        with files.naming(Path(path)), open(path, "w", encoding="utf-8") as stream:
             stream.write(text)
     else:
-        with checkpoint.atomic_path(os.path.realpath(path)) as tmp:
+        with files.atomic_path(os.path.realpath(path)) as tmp:
             tmp.write_text(text, encoding="utf-8")
 
 
@@ -190,13 +190,13 @@ GENERATION_OPTIONS = {"seq2seq": ("beam_size", "max_extra_tokens", "n_best"), "l
 def replaces(output: str, path: str) -> bool:
     """Whether ``write_text(output, ...)`` replaces the file at ``path``: the file that ``output``'s links lead
     to. (A device is written into, not replaced: /dev/stdout may be the terminal /dev/stdin reads.)"""
-    return os.path.isfile(output) and checkpoint.placed(output, path) == "is"
+    return os.path.isfile(output) and files.placed(output, path) == "is"
 
 
 def takes_a_figure(output: str, attention: str) -> bool:
     """Whether ``output``, written after the figures, replaces one: it, or the file its links lead to, is in
     the ``attention`` directory by a name in FIGURE_FILES."""
-    return any(checkpoint.placed(Path(path).parent, attention) == "is"
+    return any(files.placed(Path(path).parent, attention) == "is"
                and is_a_figure(Path(path).name)
                for path in (output, os.path.realpath(output)))
 
@@ -236,15 +236,15 @@ def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace, kin
                if path and "-" not in (path, args.output) and replaces(args.output, path)]
     # --attention's directory is made first, then --output is written: in it would be a file; under it, none
     if args.attention and args.output != "-":
-        if how := checkpoint.placed(args.attention, args.output):
+        if how := files.placed(args.attention, args.output):
             errors.append(f"--attention {args.attention}: {how} --output {args.output}, the file the outputs go to "
                           "(name another directory)")
         elif takes_a_figure(args.output, args.attention):
             errors.append(f"--output {args.output}: in --attention {args.attention}, by a name the figures take "
                           f"({', '.join(FIGURE_FILES)}); the outputs would replace one (name another file)")
-    errors += [checkpoint.written_by(f"{option} {path}", how, directory / name, stage)
+    errors += [files.written_by(f"{option} {path}", how, directory / name, stage)
                for option, path in (("--output", args.output), ("--attention", args.attention)) if path and path != "-"
-               for name, stage in MODEL_FILES.items() if (how := checkpoint.placed(path, directory / name))]
+               for name, stage in MODEL_FILES.items() if (how := files.placed(path, directory / name))]
     others = LM_OPTIONS if kind == "seq2seq" else TRANSLATION_OPTIONS
     if misplaced := [flag(dest) for dest in others if getattr(args, dest) != parser.get_default(dest)]:
         errors.append(f"{', '.join(misplaced)}: not for {args.task} "
@@ -425,15 +425,15 @@ def main(argv=None):
 
     try:
         if args.output != "-":  # found out before the work, not after it
-            checkpoint.check_writable(args.output, option="--output")
+            files.check_writable(args.output, option="--output")
         if args.attention:
-            checkpoint.check_writable(args.attention, directory=True, option="--attention")
+            files.check_writable(args.attention, directory=True, option="--attention")
         kind = get_task(args.task).KIND
         directory = Path(args.models or Path("models") / args.task)
         check_options(parser, args, kind, directory)  # before the model loads
         for option, path in (("--input", args.input), ("--score", args.score)):
             if path and path != "-":
-                checkpoint.check_readable(path, option=option)
+                files.check_readable(path, option=option)
         model, tokenizers, state = checkpoint.load_directory(directory, device_named(args.device, "--device"),
                                                              "--models" if args.models else "", args.task)
         if state["kind"] != kind:  # a model file from before the task was recorded

@@ -16,15 +16,15 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
-from lib import checkpoint  # noqa: E402
-from lib.checkpoint import not_as_written  # noqa: E402
+from lib import checkpoint, files  # noqa: E402
 from lib.config import LENGTH_PARAM, LR_PARAM, ConfigError, flatten  # noqa: E402
 from lib.data import collate, read_split, read_text  # noqa: E402
-from lib.masks import padding_mask, target_mask  # noqa: E402
-from lib.model import parameter_counts  # noqa: E402
-from lib.optim import smoothed_loss_floor  # noqa: E402
+from lib.files import not_as_written  # noqa: E402
 from lib.tasks import TASKS, get_task  # noqa: E402
 from lib.tokenizer import encode_pairs, encode_text, special_ids  # noqa: E402
+from transformer.loss import smoothed_loss_floor  # noqa: E402
+from transformer.masks import padding_mask, target_mask  # noqa: E402
+from transformer.model import parameter_counts  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ def write_index(reports_dir: Path):
         headline = [f"{k} {_format(v)}" for p in patterns for k, v in flat.items() if fnmatch(k, p)]
         rows.append({"task": f"[{task}]({task}/report.md)", "headline metrics": ", ".join(headline)})
     table = pd.DataFrame(rows).to_markdown(index=False, disable_numparse=True)
-    with checkpoint.atomic_path(Path(reports_dir) / "index.md") as tmp:
+    with files.atomic_path(Path(reports_dir) / "index.md") as tmp:
         tmp.write_text("# Reports\n\nOne row per task built so far (`dvc repro` rewrites this page).\n\n"
                        + table + "\n")
 
@@ -564,10 +564,10 @@ def run(task, cfg, data_dir, tokenizer_dir, model_path, metrics_path, samples_pa
     last's behind."""
     report_path, figures_dir = Path(report_path), Path(figures_dir)
     rel = figures_dir.relative_to(report_path.parent)
-    with checkpoint.atomic_dir(figures_dir) as drawing:
+    with files.atomic_dir(figures_dir) as drawing:
         lines = report_lines(task, cfg, data_dir, tokenizer_dir, model_path, metrics_path, samples_path,
                              Path(live_dir), drawing, rel)
-        with checkpoint.atomic_path(report_path) as tmp:
+        with files.atomic_path(report_path) as tmp:
             tmp.write_text("\n".join(lines))
     write_index(report_path.parent.parent)
 

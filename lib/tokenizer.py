@@ -14,21 +14,14 @@ from typing import Iterable, Iterator
 import torch
 from tokenizers import Encoding, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from lib.checkpoint import atomic_dir, not_as_written
-from lib.config import ConfigError, TokenizeConfig, first_few
-from lib.data import Pairs
+from lib.config import ConfigError, TokenizeConfig
+from lib.data import Pairs, SpecialIds
+from lib.files import atomic_dir, first_few, not_as_written
+from lib.tasks import get_task
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS = [PAD, BOS, EOS, UNK]
 JOINT, SOURCE, TARGET = "tokenizer.json", "source.json", "target.json"
-
-
-@dataclass(frozen=True)
-class SpecialIds:
-    pad: int
-    bos: int
-    eos: int
-    unk: int
 
 
 def train_tokenizer(cfg: TokenizeConfig, texts: Iterable[str]) -> Tokenizer:
@@ -187,8 +180,6 @@ def continuation(tokenizer: Tokenizer, ids: list[int], tokens: Iterable[int], co
 
 def run(task: str, cfg: TokenizeConfig, data_dir: str | Path, out_dir: str | Path) -> Tokenizers:
     """The tokenize stage: learn from the task's training text only, save into ``out_dir``."""
-    from lib.tasks import get_task  # tasks read data through this module: import here
-
     module = get_task(task)
     if cfg.source_eos and module.KIND == "lm":
         raise ConfigError(f"{task}.tokenize.source_eos: applies to translation tasks, not {task} (a language model)")

@@ -14,7 +14,7 @@ import torch.fx.experimental._config
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from lib.config import ModelConfig  # noqa: E402
+from transformer.config import ModelConfig  # noqa: E402
 
 
 def run_tree(command: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess:
@@ -36,7 +36,7 @@ def check_rerunnable(outputs: dict[tuple[str, str], Path]):
     """Each directory a stage wrote (by stage and --option) holds only what lib.cli.HOLDS says it writes
     there, so that running the stage again over it is not refused (and the check is not vacuous: each holds
     something)."""
-    from lib.checkpoint import check_replaceable
+    from lib.files import check_replaceable
     from lib.cli import HOLDS
 
     for (stage, option), path in outputs.items():

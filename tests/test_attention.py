@@ -8,11 +8,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lib.attention import (MultiHeadAttention, RotaryEmbedding, alibi_bias, alibi_slopes,
-                           scaled_dot_product_attention)
-from lib.config import ModelConfig
-from lib.masks import causal_mask, padding_mask, target_mask
-from lib.model import build_model
+from transformer.attention import MultiHeadAttention, attention
+from transformer.positions import RotaryEmbedding, alibi_bias, alibi_slopes
+from transformer.config import ModelConfig
+from transformer.masks import causal_mask, padding_mask, target_mask
+from transformer.model import build_model
 
 PAD = 0
 
@@ -56,7 +56,7 @@ def test_masks_shapes_and_values():
 def test_weights_are_a_distribution_over_allowed_keys():
     q, k, v = (torch.randn(2, 3, 5, 8) for _ in range(3))
     mask = causal_mask(5)
-    _, weights = scaled_dot_product_attention(q, k, v, mask)
+    _, weights = attention(q, k, v, mask)
     assert torch.allclose(weights.sum(-1), torch.ones(2, 3, 5))
     assert torch.all(weights.masked_select(~mask.expand_as(weights)) == 0)
 
@@ -69,21 +69,21 @@ def test_a_mask_of_the_wrong_shape_or_kind_is_refused_naming_both_shapes():
     ids = tokens_with_padding(4, 4, (4, 3, 2, 1))
     with pytest.raises(ValueError, match=re.escape("mask of shape (4, 4) does not fit the scores' (B, H, Tq, Tk) = "
                                                    "(4, 2, 4, 4)")):
-        scaled_dot_product_attention(q, q, q, ids != PAD)
-    right, _ = scaled_dot_product_attention(q, q, q, padding_mask(ids, PAD))  # (B, 1, 1, Tk)
-    broadcast, _ = scaled_dot_product_attention(q, q, q, (ids != PAD)[None, None])  # what (4, 4) would have meant
+        attention(q, q, q, ids != PAD)
+    right, _ = attention(q, q, q, padding_mask(ids, PAD))  # (B, 1, 1, Tk)
+    broadcast, _ = attention(q, q, q, (ids != PAD)[None, None])  # what (4, 4) would have meant
     assert not torch.allclose(right, broadcast, atol=1e-3)
     with pytest.raises(ValueError, match=re.escape("(4, 1, 1, 6) does not fit")):
-        scaled_dot_product_attention(q, q, q, padding_mask(tokens_with_padding(4, 6, (6, 5, 4, 3)), PAD))
+        attention(q, q, q, padding_mask(tokens_with_padding(4, 6, (6, 5, 4, 3)), PAD))
     with pytest.raises(TypeError, match="dtype torch.float32: it must be boolean, True where a query may attend"):
-        scaled_dot_product_attention(q, q, q, torch.zeros(1, 1, 4, 4))
+        attention(q, q, q, torch.zeros(1, 1, 4, 4))
 
 
 def test_fully_masked_row_gives_zeros_not_nan():
     q, k, v = (torch.randn(1, 2, 3, 4, requires_grad=True) for _ in range(3))
     mask = torch.ones(1, 1, 3, 3, dtype=torch.bool)
     mask[..., 1, :] = False  # query 1 may attend to nothing
-    out, weights = scaled_dot_product_attention(q, k, v, mask)
+    out, weights = attention(q, k, v, mask)
     assert torch.all(weights[:, :, 1] == 0) and torch.all(out[:, :, 1] == 0)
     out.sum().backward()
     assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
@@ -132,7 +132,7 @@ def test_grouped_query_attention_matches_torch(kv_heads, masking):
     ids = tokens_with_padding(B, T)
     mask = {"padding": padding_mask(ids, PAD), "causal": causal_mask(T)}.get(masking, target_mask(ids, PAD))
     bias = alibi_bias(alibi_slopes(H), T, T) if masking == "alibi" else None
-    got, weights = scaled_dot_product_attention(q, k, v, mask, bias=bias)
+    got, weights = attention(q, k, v, mask, bias=bias)
     torch_mask = torch.zeros(mask.shape).masked_fill(~mask, float("-inf")) + (0 if bias is None else bias)
     expected = F.scaled_dot_product_attention(q, k, v, attn_mask=torch_mask, enable_gqa=True)
     assert (got - expected).abs().max() <= 1e-5

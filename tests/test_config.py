@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lib.config import ConfigError, check_stages_after, load_params, stage_config
+from lib.config import ConfigError, load_params
+from lib.params import check_stages_after, stage_config
 from tests.conftest import ROOT, run_stage
 
 

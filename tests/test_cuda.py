@@ -5,10 +5,10 @@ import contextlib
 import pytest
 import torch
 
-from lib.attention import scaled_dot_product_attention
-from lib.masks import padding_mask
-from lib.model import Transformer
-from lib.optim import generator_nll
+from transformer.fast.attention import grouped_attention
+from transformer.masks import padding_mask
+from transformer.model import Transformer
+from transformer.fast.loss import generator_nll
 from tests.conftest import model_config
 from tests.test_decoding import IDS, V, sources
 
@@ -72,7 +72,7 @@ def test_searches_on_cuda_report_the_scores_teacher_forcing_gives(beam_size):
 
 
 def test_dropout_on_cuda_drops_at_its_rate_and_keeps_the_expectation():
-    from lib.dropout import Dropout
+    from transformer.fast.dropout import ByteDropout as Dropout
 
     x = torch.ones(1 << 20, device="cuda")
     y = Dropout(0.2).train()(x)
@@ -143,7 +143,7 @@ def test_a_batch_goes_to_the_gpu_without_waiting_for_it():
 
 
 def test_auto_precision_picks_bf16_on_a_gpu_that_has_it():
-    from lib.training import resolve_precision
+    from lib.device import resolve_precision
 
     expected = "bf16" if torch.cuda.is_bf16_supported() else "fp32"  # Ampere and later have it
     assert resolve_precision("auto", torch.device("cuda"), flags=set()) == expected
@@ -153,7 +153,7 @@ def test_an_lm_scores_a_text_on_cuda_as_on_the_cpu():
     """evaluation.text_metrics (the evaluate stage, lib.inference's LanguageModel.score) reads a CPU text
     with a model on the GPU."""
     from lib.evaluation import text_metrics
-    from lib.model import TransformerLM
+    from transformer.model import TransformerLM
 
     torch.manual_seed(0)
     model = TransformerLM(model_config(encoder_layers=0, norm_first=True, tie_embeddings=True), V).eval()
@@ -168,7 +168,7 @@ def test_raising_epochs_resumes_on_cuda_to_the_same_model(tmp_path, tiny_params)
     and the GPU's generator, which draws dropout's masks there, is restored too: 1 epoch and then 2 end on the
     model of 2 epochs straight."""
     from lib import checkpoint, training
-    from lib.config import stage_config
+    from lib.params import stage_config
     from tests.test_distributed import assert_same_model, prepare
 
     tiny_params["cumsum"]["train"]["device"] = "cuda"

@@ -9,7 +9,7 @@ import torch
 
 from lib.decoding import (Decoder, Hypothesis, beam_search, greedy_search, length_penalty, sample, score_outputs,
                           top_k_filter, top_p_filter, translate_n_best)
-from lib.model import Transformer, TransformerLM
+from transformer.model import Transformer, TransformerLM
 from lib.tokenizer import SpecialIds
 from tests.conftest import model_config
 

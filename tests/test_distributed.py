@@ -74,7 +74,7 @@ def written(root):
 def prepare(tmp_path, params: dict, task: str):
     """Write ``params`` to tmp_path/params.yaml and run the task's prepare and tokenize stages there."""
     from lib import tokenizer
-    from lib.config import stage_config
+    from lib.params import stage_config
     from lib.tasks import run_prepare
 
     params_path = tmp_path / "params.yaml"

@@ -208,7 +208,7 @@ def test_gpu_traffic_counts_what_each_operator_moves():
 
 def small_step():
     """A small model's config, vocabulary size, special ids, and a batch of 6 pairs without padding."""
-    from lib.config import ModelConfig
+    from transformer.config import ModelConfig
     from lib.data import Batch
     from lib.tokenizer import SpecialIds
 
@@ -224,15 +224,15 @@ def test_gpu_traffic_takes_the_gpu_step_that_mfu_counts():
     that lib.metrics.training_flops counts for MFU (a batch without padding), its dropout is torch's fused
     one, its attention makes the pass for fully masked rows that a CPU skips, its Adam has its state; and lib
     is as it was after it."""
-    import lib.attention
-    import lib.dropout
+    import transformer.fast.attention
+    import transformer.fast.dropout
     from benchmarks import gpu_traffic
     from lib.metrics import training_flops
 
     cfg, V, ids, batch = small_step()
-    before = lib.dropout.eager_on_cpu, lib.attention.eager_on_cpu, torch.nn.functional.dropout
+    before = transformer.fast.dropout.eager_on_cpu, transformer.fast.attention.eager_on_cpu, torch.nn.functional.dropout
     ops = gpu_traffic.step_traffic(cfg, V, batch, ids)
-    assert (lib.dropout.eager_on_cpu, lib.attention.eager_on_cpu, torch.nn.functional.dropout) == before
+    assert (transformer.fast.dropout.eager_on_cpu, transformer.fast.attention.eager_on_cpu, torch.nn.functional.dropout) == before
     flops = training_flops(cfg, V, [9] * 6, [7] * 6)
     assert sum(op[1] for op in ops) == flops
     names = {op[0] for op in ops}
@@ -252,13 +252,13 @@ def test_gpu_traffic_counts_the_compiled_step_as_inductor_fuses_it(monkeypatch):
     never built. Its products are the eager step's, each loss block's counted at each call (blocks of 16 rows:
     16, 16 and a shorter one, its own graph); the model's and the loss's operators all run compiled, the
     optimizer eager; fused, the step moves less; and torch.compile is torch's again after it."""
-    import lib.optim
+    import transformer.fast.loss
     from benchmarks import gpu_traffic
     from tests.conftest import torch_compile_defaults
 
     cfg, V, ids, batch = small_step()
     cfg = dataclasses.replace(cfg, encoder_layers=1, decoder_layers=1)  # a graph half as long to compile
-    monkeypatch.setattr(lib.optim, "GPU_ROWS", 16)  # 42 targets: 3 blocks
+    monkeypatch.setattr(transformer.fast.loss, "GPU_ROWS", 16)  # 42 targets: 3 blocks
     compile = torch.compile
     eager = gpu_traffic.step_traffic(cfg, V, batch, ids)
     with torch_compile_defaults():
@@ -266,10 +266,10 @@ def test_gpu_traffic_counts_the_compiled_step_as_inductor_fuses_it(monkeypatch):
     assert torch.compile is compile
     assert sum(op[1] for op in compiled) == sum(op[1] for op in eager)
     lines = [where for *_, where in compiled]
-    assert sum("optim.py" in w and "(compiled forward) aten::mm" in w for w in lines) == 3 * 2, lines
+    assert sum("loss.py" in w and "(compiled forward) aten::mm" in w for w in lines) == 3 * 2, lines
     eager_ops = {(name, where.split(":")[0]) for name, _, _, where in compiled if "(compiled " not in where}
     assert not {name for name, _ in eager_ops} & {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"}
-    assert not {file for _, file in eager_ops} & {"model.py", "attention.py", "dropout.py"}, eager_ops
+    assert not {file for _, file in eager_ops} & {"model.py", "layers.py", "attention.py", "dropout.py"}, eager_ops
     assert ("aten::_fused_adam_", "train_throughput.py") in eager_ops
     assert sum(op[2] for op in compiled) < 0.9 * sum(op[2] for op in eager)
 

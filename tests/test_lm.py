@@ -12,12 +12,13 @@ import pandas as pd
 import pytest
 import torch
 
-from lib import evaluation, reporting, tokenizer, training
+from lib import device, evaluation, reporting, run, tokenizer, training
 from lib.config import (ConfigError, LMEvaluateConfig, LMReportConfig, LMTrainConfig, TokenizeConfig, from_dict,
                         load_params)
 from lib.decoding import sample, top_k_filter
-from lib.model import TransformerLM
-from lib.optim import cosine_lr, weight_decay_groups
+from transformer.model import TransformerLM
+from lib.training import weight_decay_groups
+from transformer.schedules import cosine_lr
 from lib.tasks import run_prepare, shakespeare
 from tests.conftest import ROOT, Terminal, check_rerunnable, model_config
 
@@ -74,7 +75,7 @@ def test_divergence_names_the_lms_learning_rate_param(lm_built, tmp_path):
                         model=model_config(d_model=16, n_heads=2, encoder_layers=0, decoder_layers=1, d_ff=32,
                                            max_len=8))
     diverged = r"training diverged at step \d+: .*\(train\.lr, train\.warmup\)"
-    with pytest.raises(training.DivergedError, match=diverged):
+    with pytest.raises(run.DivergedError, match=diverged):
         training.run("shakespeare", cfg, lm_built["data"], lm_built["tok"], tmp_path / "model.pt", tmp_path / "ckpt",
                      tmp_path / "live")
 
@@ -92,7 +93,7 @@ def test_a_gpu_out_of_memory_names_the_lms_batch_params(lm_built, tmp_path, monk
                         eval_batches=1, checkpoint_every=10, accumulate=2,
                         model=model_config(d_model=16, n_heads=2, encoder_layers=0, decoder_layers=1, d_ff=32,
                                            max_len=8))
-    with pytest.raises(training.OutOfMemory, match=r"^CUDA out of memory. Tried to allocate 2.00 GiB: a batch is "
+    with pytest.raises(device.OutOfMemory, match=r"^CUDA out of memory. Tried to allocate 2.00 GiB: a batch is "
                        r"train.batch_size 4 blocks of train.block_size 8 tokens; halve batch_size and double "
                        r"train.accumulate \(now 2\): an update sees as many tokens, in half the memory; or make "
                        r"train.model smaller$"):

@@ -6,10 +6,12 @@ import pytest
 import torch
 from torch import nn
 
-from lib.masks import causal_mask, padding_mask, target_mask
-from lib.model import (DecoderLayer, EncoderLayer, FeedForward, RMSNorm, SinusoidalPositionalEncoding, Transformer,
-                       TransformerLM, build_model, parameter_counts, repeats_input)
-from lib.optim import label_smoothed_nll
+from transformer.masks import causal_mask, padding_mask, target_mask
+from lib.setup import repeats_input
+from transformer.layers import DecoderLayer, EncoderLayer, FeedForward, RMSNorm
+from transformer.model import Transformer, TransformerLM, build_model, parameter_counts
+from transformer.positions import SinusoidalPositionalEncoding
+from transformer.loss import label_smoothed_nll
 from lib.tokenizer import SpecialIds
 from tests.conftest import model_config, torch_compile_defaults
 from tests.test_attention import PAD, copy_mha, tokens_with_padding
@@ -336,7 +338,7 @@ def test_overfits_one_batch():
 
 
 def test_byte_dropout_drops_at_its_rate_and_keeps_the_mean():
-    from lib.dropout import Dropout
+    from transformer.fast.dropout import ByteDropout as Dropout
 
     layer = Dropout(0.1)
     x = torch.ones(400, 1000)
@@ -402,7 +404,7 @@ def test_training_flops_counts_the_matmuls_a_training_step_runs(kind, modern):
 
     from lib.data import Batch
     from lib.metrics import training_flops
-    from lib.training import lm_loss, seq2seq_loss
+    from lib.losses import lm_loss, seq2seq_loss
     from tests.test_decoding import IDS
 
     extra = dict(n_kv_heads=1, activation="swiglu") if modern else {}
@@ -479,7 +481,7 @@ def training_losses(device: str, **overrides):
     """The train stage's two losses, ``seq2seq_loss`` and ``lm_loss``, of ``training_models``: returns a function
     that gives both. Shared by the meta-device test here and the CUDA sync test."""
     from lib.data import Batch
-    from lib.training import lm_loss, seq2seq_loss
+    from lib.losses import lm_loss, seq2seq_loss
     from tests.test_decoding import IDS
 
     seq2seq, lm, src, tgt = training_models(device, **overrides)
@@ -519,7 +521,7 @@ def test_a_compiled_seq2seq_serves_every_batch_shape_with_one_graph(monkeypatch)
     through the first graph; by default the first batch's S == T would be assumed from then on."""
     from torch._dynamo.testing import CompileCounter
 
-    from lib.training import compile_model
+    from transformer.fast.compile import compile_model
     from tests.test_decoding import V
 
     counter = CompileCounter()  # counts the graphs dynamo captures, compiles none

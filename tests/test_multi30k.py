@@ -18,8 +18,9 @@ import pytest
 import torch
 import yaml
 
-from lib import checkpoint, evaluation, reporting, tokenizer, training
-from lib.config import ConfigError, ReportConfig, stage_config
+from lib import checkpoint, evaluation, losses, reporting, tokenizer, training
+from lib.config import ConfigError, ReportConfig
+from lib.params import stage_config
 from lib.data import read_split
 from lib.inference import Output, Translator, load
 from lib.tasks import multi30k, run_prepare
@@ -389,7 +390,7 @@ def test_generate_scores_given_outputs_as_the_model_would(tmp_path, trained, cap
     from lib import generate
     from lib.data import Pairs, collate
     from lib.decoding import length_penalty
-    from lib.masks import padding_mask, target_mask
+    from transformer.masks import padding_mask, target_mask
     from lib.tokenizer import encode, encode_sources, special_ids
 
     (tmp_path / "in.txt").write_text("\n".join([GERMAN[0], "", GERMAN[1], GERMAN[2]]) + "\n", encoding="utf-8")
@@ -410,7 +411,7 @@ def test_generate_scores_given_outputs_as_the_model_would(tmp_path, trained, cap
         [output] = encode(toks.target, [english])
         pair = Pairs([encode_sources(toks, [german])[0].ids], [output])
         assert row.tokens == len(output) + 1
-        assert row.log_prob == pytest.approx(-training.mean_loss(model, pair, ids, 8192, "cpu") * row.tokens, abs=1e-3)
+        assert row.log_prob == pytest.approx(-losses.mean_loss(model, pair, ids, 8192, "cpu") * row.tokens, abs=1e-3)
         assert row.score == pytest.approx(row.log_prob / length_penalty(row.tokens, 0.6), abs=1e-3)
         with torch.no_grad():  # each token's log-probability, the eos's last: the least likely one is named
             batch = collate(pair, [0], ids)

@@ -4,8 +4,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lib import optim
-from lib.optim import generator_nll, label_smoothed_nll, noam_lr, smoothed_targets
+from transformer.fast import loss as optim
+from transformer.fast.loss import generator_nll
+from transformer.loss import label_smoothed_nll, smoothed_targets
+from transformer.schedules import noam_lr
 
 PAD = 0
 
@@ -157,7 +159,7 @@ def test_widening_bf16_logits_by_a_cast_gives_what_the_mixed_subtraction_gives(m
         return [loss, *grads]
 
     cast = run()
-    monkeypatch.setattr("lib.optim.eager_on_cpu", lambda x: False)  # the form a GPU takes
+    monkeypatch.setattr("transformer.fast.loss.eager_on_cpu", lambda x: False)  # the form a GPU takes
     mixed = run()
     assert all(torch.equal(a, b) for a, b in zip(cast, mixed))
 
@@ -168,7 +170,7 @@ def test_the_bf16_gradient_is_the_exact_one_rounded_once(smoothing):
     is the exact gradient (float64) rounded once, to within float32's error, and padding rows all zero. The
     float32 form cast to bf16 did worse at the pad: a pad probability under float32's unit of `other` came
     out 0 ((p - other) + other)."""
-    from lib.optim import _softmax_minus_target_, _softmax_minus_target_in
+    from transformer.fast.loss import _softmax_minus_target_, _softmax_minus_target_in
 
     torch.manual_seed(0)
     z = torch.randn(300, 500) * 4
@@ -188,7 +190,7 @@ def test_the_bf16_loss_moves_less_than_float32_and_a_cast(monkeypatch):
     gradient made in bf16 at once moves 45 bytes an (n, V) entry where float32 and a cast moved 63."""
     from benchmarks.gpu_traffic import Traffic
 
-    monkeypatch.setattr("lib.optim.eager_on_cpu", lambda x: False)  # the form a GPU takes
+    monkeypatch.setattr("transformer.fast.loss.eager_on_cpu", lambda x: False)  # the form a GPU takes
     torch.manual_seed(0)
     n, V = 256, 4000
     generator, hidden = torch.nn.Linear(64, V), torch.randn(n, 64, requires_grad=True)
@@ -202,7 +204,7 @@ def test_the_bf16_loss_moves_less_than_float32_and_a_cast(monkeypatch):
 def test_the_smoothed_loss_floor_is_the_loss_of_predicting_the_smoothed_targets(smoothing):
     """No logits reach a lower label-smoothed loss than the floor, and predicting the smoothed
     distribution itself reaches it."""
-    from lib.optim import smoothed_loss_floor
+    from transformer.loss import smoothed_loss_floor
 
     V, target = 12, torch.tensor([3, 5, 7, 11])
     dist = smoothed_targets(target, V, PAD, smoothing)
@@ -273,7 +275,7 @@ def test_the_compiled_loss_moves_half_what_the_eager_one_moves(monkeypatch):
 
     from benchmarks.gpu_traffic import Traffic, counted_compile
 
-    monkeypatch.setattr("lib.optim.eager_on_cpu", lambda x: False)  # the form a GPU takes
+    monkeypatch.setattr("transformer.fast.loss.eager_on_cpu", lambda x: False)  # the form a GPU takes
     n, V = 1024, 4000
     moved = {}
     for compiled in (False, True):

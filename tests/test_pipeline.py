@@ -9,7 +9,7 @@ import sys
 import pytest
 import yaml
 
-from lib.training import module_files
+from lib.identity import module_files
 from tests.conftest import ROOT, TINY_PARAMS
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
@@ -118,7 +118,7 @@ def test_a_checkpoint_is_tied_to_exactly_the_code_dvc_reruns_training_for(task):
     train when its deps change. The two lists must agree: a file in the fingerprint only would throw away
     an interrupted run's progress for an edit to, say, the report's plots; a dep only would resume a
     model trained by other code."""
-    from lib.training import training_code
+    from lib.identity import training_code
 
     deps = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]["train"]["do"]["deps"]
     lib_deps = {dep.replace("${item}", task) for dep in deps if dep.startswith("lib/")}

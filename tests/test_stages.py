@@ -24,13 +24,14 @@ import pytest
 import torch
 import yaml
 
-from lib import checkpoint, evaluation, reporting, tokenizer, training
+from lib import checkpoint, curves, device, evaluation, files, losses, reporting, tokenizer, training
 from lib.cli import DIRECTORY, FILE, HOLDS, INPUTS
-from lib.config import ConfigError, stage_config
+from lib.config import ConfigError
+from lib.params import stage_config
 from lib.data import collate, read_split, read_text, token_budget_batches
-from lib.masks import padding_mask, target_mask
-from lib.model import build_model, parameter_counts
-from lib.optim import smoothed_loss_floor
+from transformer.masks import padding_mask, target_mask
+from transformer.model import build_model, parameter_counts
+from transformer.loss import smoothed_loss_floor
 from lib.tasks import cumsum, run_prepare
 from tests.conftest import (ROOT, TINY_PARAMS, Terminal, check_rerunnable, model_config, run_stage, shorten_splits,
                             torch_compile_defaults)
@@ -615,7 +616,7 @@ def test_a_curve_cut_short_is_trimmed_to_its_finished_lines_on_resume(tmp_path):
     metrics.mkdir(parents=True)
     (metrics / "loss.tsv").write_text("step\tloss\n0\t4.1\n1\t3.9\n2\t3.5\n3\t3.2\n1")
     (metrics / "lr.tsv").write_text("ste")  # not even its header: dvclive writes one with its next row
-    training.truncate_curves(tmp_path, 2)
+    curves.truncate_curves(tmp_path, 2)
     assert (metrics / "loss.tsv").read_text() == "step\tloss\n0\t4.1\n1\t3.9\n2\t3.5\n"
     assert sorted(p.name for p in metrics.iterdir()) == ["loss.tsv"]
 
@@ -826,13 +827,13 @@ def test_a_directory_is_replaced_whole_or_left_as_it_was(tmp_path, monkeypatch):
         return rename(self, target)
 
     monkeypatch.setattr(type(data), "rename", failing_rename)
-    with pytest.raises(OSError, match="no space left"), checkpoint.atomic_dir(data) as tmp:
+    with pytest.raises(OSError, match="no space left"), files.atomic_dir(data) as tmp:
         (tmp / "train.txt").write_text("the new data")
     assert [p.name for p in tmp_path.iterdir()] == ["data"]  # nothing aside, nothing half-written
     assert (data / "train.txt").read_text() == "the earlier data"
 
     monkeypatch.setattr(type(data), "rename", rename)
-    with checkpoint.atomic_dir(data) as tmp:
+    with files.atomic_dir(data) as tmp:
         (tmp / "train.txt").write_text("the new data")
     assert [p.name for p in tmp_path.iterdir()] == ["data"]
     assert (data / "train.txt").read_text() == "the new data"
@@ -955,7 +956,7 @@ def test_a_file_is_not_written_over_a_directory(tmp_path):
     """What a stage checks first, ``atomic_path`` checks too, for a caller that did not."""
     (tmp_path / "model.pt").mkdir()
     with pytest.raises(ValueError, match="model.pt: a directory is there, where a file is written"):
-        with checkpoint.atomic_path(tmp_path / "model.pt") as tmp:
+        with files.atomic_path(tmp_path / "model.pt") as tmp:
             tmp.write_text("weights")
     assert on_disk(tmp_path) == {"model.pt": None}
 
@@ -967,7 +968,7 @@ def test_a_directory_set_aside_by_a_killed_run_is_put_back(tmp_path, fails):
     data, aside = tmp_path / "data", tmp_path / ".data.previous"
     aside.mkdir()
     (aside / "train.txt").write_text("the earlier data")
-    with pytest.raises(ValueError) if fails else contextlib.nullcontext(), checkpoint.atomic_dir(data) as tmp:
+    with pytest.raises(ValueError) if fails else contextlib.nullcontext(), files.atomic_dir(data) as tmp:
         if fails:
             raise ValueError("bad params")
         (tmp / "train.txt").write_text("the new data")
@@ -1227,7 +1228,7 @@ def test_a_budget_below_the_widest_pairs_is_named_with_their_count(tmp_path, bui
 def test_freed_activations_stay_in_the_heap():
     """After ``keep_freed_memory`` (training on a CPU calls it) a step's freed blocks are
     reused by the next step instead of being trimmed off and page-faulted back in."""
-    training.keep_freed_memory()
+    device.keep_freed_memory()
 
     def step():  # four 4 MiB activations alive at once, then all freed
         blocks = [torch.ones(1 << 20) for _ in range(4)]
@@ -1245,27 +1246,27 @@ def test_auto_precision_is_bf16_only_where_the_hardware_multiplies_bfloat16(tmp_
     cpu = torch.device("cpu")
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16\n\nprocessor\t: 1\n")
-    assert training.cpu_flags(cpuinfo) >= {"avx2", "avx512_bf16"}
-    assert training.cpu_flags(tmp_path / "missing") == set()  # not Linux: no flags, so fp32
+    assert device.cpu_flags(cpuinfo) >= {"avx2", "avx512_bf16"}
+    assert device.cpu_flags(tmp_path / "missing") == set()  # not Linux: no flags, so fp32
     with caplog.at_level("INFO", logger="lib.training"):
-        assert training.resolve_precision("auto", cpu, training.cpu_flags(cpuinfo)) == "bf16"
+        assert device.resolve_precision("auto", cpu, device.cpu_flags(cpuinfo)) == "bf16"
     assert "train.precision auto: bf16 (cpu has avx512_bf16)" in caplog.text
-    assert training.resolve_precision("auto", cpu, {"avx2", "amx_bf16", "amx_tile"}) == "bf16"
-    assert training.resolve_precision("auto", cpu, {"avx2", "avx512f", "fma"}) == "fp32"
-    assert training.resolve_precision("auto", cpu, set()) == "fp32"
+    assert device.resolve_precision("auto", cpu, {"avx2", "amx_bf16", "amx_tile"}) == "bf16"
+    assert device.resolve_precision("auto", cpu, {"avx2", "avx512f", "fma"}) == "fp32"
+    assert device.resolve_precision("auto", cpu, set()) == "fp32"
     for given in ("fp32", "bf16"):  # asked for by name: taken as it is
-        assert training.resolve_precision(given, cpu, set()) == given
+        assert device.resolve_precision(given, cpu, set()) == given
     caplog.clear()
     with caplog.at_level("WARNING", logger="lib.training"):
-        assert training.resolve_precision("bf16", cpu, {"avx2", "fma"}) == "bf16"  # kept, but said to be slow
+        assert device.resolve_precision("bf16", cpu, {"avx2", "fma"}) == "bf16"  # kept, but said to be slow
         assert "bf16 on a CPU without native bfloat16 (no amx_bf16 or avx512_bf16): a step takes about 20x" \
             in caplog.text
         caplog.clear()
-        training.resolve_precision("bf16", cpu, {"avx2", "avx512f"})
+        device.resolve_precision("bf16", cpu, {"avx2", "avx512f"})
         assert "a step takes about 1.2x fp32's time here" in caplog.text
         caplog.clear()
-        training.resolve_precision("bf16", cpu, {"avx2", "avx512_bf16"})
-        training.resolve_precision("bf16", cpu, set())  # flags unknown: nothing to say
+        device.resolve_precision("bf16", cpu, {"avx2", "avx512_bf16"})
+        device.resolve_precision("bf16", cpu, set())  # flags unknown: nothing to say
     assert caplog.text == ""
 
 

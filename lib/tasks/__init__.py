@@ -15,7 +15,7 @@ the greedy test outputs (multi30k: BLEU by source length)."""
 import importlib
 from pathlib import Path
 
-from lib.checkpoint import atomic_dir
+from lib.files import atomic_dir
 from lib.config import ConfigError
 
 TASKS = ("cumsum", "multi30k", "shakespeare")
@@ -35,3 +35,9 @@ def run_prepare(task: str, cfg, out_dir: str | Path):
     """Write the task's data into a fresh directory, replacing ``out_dir`` only when complete."""
     with atomic_dir(out_dir) as tmp:
         get_task(task).prepare(cfg, tmp)
+
+
+def evaluated_splits(task: str) -> tuple[str, ...]:
+    """The splits the evaluate stage decodes and scores: test, and the task's EXTRA_SPLIT (cumsum's length study)."""
+    module = get_task(task)
+    return ("test", *([module.EXTRA_SPLIT] if hasattr(module, "EXTRA_SPLIT") else []))

@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from lib.checkpoint import check_readable
+from lib.files import check_readable
 from lib.config import ConfigError, check_seed, require
 from lib.data import read_split
 

@@ -25,3 +25,15 @@ def causal_mask(length: int, device: torch.device | str | None = None, start: in
 def target_mask(tokens: torch.Tensor, pad_id: int) -> torch.Tensor:
     """Decoder self-attention: real keys at or before the query, (B, 1, T, T)."""
     return padding_mask(tokens, pad_id) & causal_mask(tokens.size(1), tokens.device)
+
+
+def check_mask(mask: torch.Tensor, scores: tuple[int, int, int, int]):
+    """Refuse a mask that would not mean what it says: broadcasting alone would take a (B, Tk) padding mask
+    as (Tq, Tk) rows, one batch row's padding for each query, whenever B happened to equal Tq (or 1)."""
+    if mask.dtype != torch.bool:
+        raise TypeError(f"attention mask of dtype {mask.dtype}: it must be boolean, True where a query may attend "
+                        "(an additive mask of 0 and -inf, as torch's attn_mask takes, goes in bias)")
+    if mask.dim() != 4 or any(m not in (1, n) for m, n in zip(mask.shape, scores)):
+        raise ValueError(f"attention mask of shape {tuple(mask.shape)} does not fit the scores' (B, H, Tq, Tk) = "
+                         f"{scores}: it needs 4 dimensions, each that size or 1, as transformer.masks makes them "
+                         "(padding_mask: (B, 1, 1, Tk); causal_mask: (1, 1, Tq, Tk); target_mask: (B, 1, Tq, Tk))")

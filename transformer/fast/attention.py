@@ -1,0 +1,85 @@
+"""Eq. 1 and the multi-head projections in their fast form; held equal to transformer.attention by
+tests/test_fast.py. Dims as there; G = H / Hkv query heads per key/value head."""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from transformer.attention import MultiHeadAttention
+from transformer.fast.eager import eager_on_cpu
+from transformer.masks import check_mask
+
+
+def grouped_attention(q, k, v, mask=None, dropout: nn.Module | None = None, bias=None):
+    """``transformer.attention.attention`` as two batched products over each key/value head's group.
+
+    A group's G query heads are stacked as G * Tq rows against its one key head, so shared keys and values
+    are read as they are, never copied per query head; the scale and the bias go inside ``baddbmm``.
+    """
+    B, H, Tq, D = q.shape
+    Hkv = k.size(1)
+    if H % Hkv:
+        raise ValueError(f"{H} query heads cannot share {Hkv} key/value heads evenly")
+    G = H // Hkv
+    if mask is not None:
+        check_mask(mask, (B, H, Tq, k.size(2)))
+        # The most negative finite value, not -inf: a fully masked row softmaxes to a uniform row, zeroed below.
+        masked = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, torch.finfo(q.dtype).min)
+        bias = masked if bias is None else bias + masked
+    q3, k3 = q.reshape(B * Hkv, G * Tq, D), k.reshape(B * Hkv, -1, D)  # (B*Hkv, G*Tq, D), (B*Hkv, Tk, D)
+    if bias is None:
+        scores = torch.baddbmm(q3.new_zeros(()), q3, k3.transpose(1, 2), beta=0.0, alpha=D**-0.5)
+    else:
+        scores = torch.baddbmm(_grouped(bias, B, H, G, Tq), q3, k3.transpose(1, 2), alpha=D**-0.5)
+    scores = scores.view(B, H, Tq, -1)  # (B, H, Tq, Tk)
+    weights = F.softmax(scores.float(), dim=-1).to(q.dtype)  # (B, H, Tq, Tk)
+    if mask is not None:
+        no_key = ~mask.any(dim=-1, keepdim=True)  # (B or 1, 1, Tq or 1, 1)
+        # A CPU skips the pass when no row is fully masked; on a GPU (or compiled) asking would stall the host.
+        if not eager_on_cpu(weights) or no_key.any():
+            weights = weights.masked_fill(no_key, 0.0)
+    attended = weights if dropout is None else dropout(weights)
+    out = torch.bmm(attended.reshape(B * Hkv, G * Tq, -1), v.reshape(B * Hkv, -1, D))  # (B*Hkv, G*Tq, D)
+    return out.view(B, H, Tq, D), weights  # (B, H, Tq, D), (B, H, Tq, Tk)
+
+
+def _grouped(bias: torch.Tensor, B: int, H: int, G: int, Tq: int) -> torch.Tensor:
+    """A bias broadcastable to (B, H, Tq, Tk), laid out as the grouped scores: (B*H/G or 1, G*Tq or 1, Tk)."""
+    bias = bias.reshape((1,) * (4 - bias.dim()) + bias.shape)  # (B or 1, H or 1, Tq or 1, Tk)
+    Tk = bias.size(3)
+    if bias.size(0) == bias.size(1) == 1:  # the same for every batch and head: broadcast it
+        if G > 1 and bias.size(2) > 1:  # each query head of a group takes its own Tq rows
+            bias = bias.expand(1, G, Tq, Tk)
+        return bias.reshape(1, -1, Tk)
+    return bias.expand(B, H, Tq, Tk).reshape(B * H // G, G * Tq, Tk)
+
+
+class FastMultiHeadAttention(MultiHeadAttention):
+    """The same parameters as ``MultiHeadAttention``; fused projections laid out in one copy, grouped attention."""
+
+    def project(self, x: torch.Tensor, memory: torch.Tensor | None):
+        if not self.fused_qkv:
+            return super().project(x, memory)
+        if memory is None and self.n_kv_heads == self.n_heads:
+            B, T, C = x.shape
+            # One copy lays out the heads of q, k and v contiguously, where splitting each would copy three times.
+            qkv = self.qkv_proj(x).view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, H, T, D)
+            return qkv.contiguous().unbind(0)
+        if memory is None:
+            q, k, v = self.qkv_proj(x).split([x.size(-1), self.kv_width, self.kv_width], dim=-1)
+        else:
+            q, (k, v) = self.query(x), self._fused_rows(memory, slice(x.size(-1), None)).chunk(2, dim=-1)
+        return self.split_heads(q), self.split_heads(k), self.split_heads(v)
+
+    def query(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.fused_qkv:
+            return self.q_proj(x)
+        return self._fused_rows(x, slice(None, x.size(-1)))
+
+    def _fused_rows(self, x: torch.Tensor, rows: slice) -> torch.Tensor:
+        """x through some rows of the fused projection: the query rows, or the key/value rows."""
+        b = self.qkv_proj.bias
+        return F.linear(x, self.qkv_proj.weight[rows], None if b is None else b[rows])
+
+    def attend(self, q, k, v, mask, bias):
+        return grouped_attention(q, k, v, mask, self.dropout, bias)
