@@ -27,7 +27,7 @@ PYTHON=${PYTHON:-python3}
 WORK=${WORK:-/tmp/gpu_check}
 
 # The requirements this check imports and the running python lacks (torch is the machine's own;
-# datasets is only for downloading from the hub).
+# datasets is only for downloading from the hub, import-linter only for the layers test).
 missing_requirements() {
   "$PYTHON" - <<'PY'
 import importlib.util, re
@@ -40,7 +40,7 @@ def found(name):  # a dotted name (ruamel.yaml) whose parent package is missing 
 for line in open("requirements.txt"):
     req = line.split("#")[0].strip()
     name = re.split(r"[<>=!~ \[]", req)[0].lower()
-    if req and name not in ("torch", "datasets") and not found(module.get(name, name)):
+    if req and name not in ("torch", "datasets", "import-linter") and not found(module.get(name, name)):
         print(req)
 PY
 }

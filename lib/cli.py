@@ -65,7 +65,7 @@ def check_launch(stage: str):
 
 def _exit(status: int):
     """End the stage with ``status`` (0: return). A process that torchrun started (WORLD_SIZE > 1) leaves at
-    once, without the interpreter's teardown: there, now and then (3 launches in about 200 here, RESULTS.md),
+    once, without the interpreter's teardown: there, now and then,
     a thread that torch's gloo or store code left running aborts the finished process ("terminate called
     without an active exception", SIGABRT) after the process group was destroyed, and torchrun then reports
     the whole run failed. By then everything is written: the model and checkpoints atomically, dvclive's

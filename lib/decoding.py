@@ -229,7 +229,7 @@ def translate_n_best(model, sources: list[list[int]], ids: SpecialIds, max_token
     """Beam search's ``n_best`` hypotheses for every source, in order, best first, with their scores.
 
     beam_size 1 is greedy search, which beam search of one beam equals; it runs as ``greedy_search``,
-    several times faster for a small model.
+    the cheaper of the two.
     """
     check_alpha(model, alpha)
     outputs: list[list[Hypothesis]] = [[] for _ in sources]

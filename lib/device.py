@@ -49,7 +49,7 @@ def resolve_precision(name: str, device: torch.device, flags: set[str] | None = 
         flags = cpu_flags() if flags is None else flags
         native = sorted(flags & NATIVE_BF16_FLAGS)
         if name == "bf16" and flags and not native:  # no flags (not x86 Linux): nothing known, nothing said
-            slower = "1.2x" if flags & BF16_KERNEL_FLAGS else "20x"  # AVX-512 without BF16 / AVX2 alone
+            slower = "1.2x" if flags & BF16_KERNEL_FLAGS else "20x"  # AVX-512 without BF16, or AVX2 alone
             log.warning("train.precision: bf16 on a CPU without native bfloat16 (no %s): a step takes about %s "
                         "fp32's time here; auto would take fp32", " or ".join(sorted(NATIVE_BF16_FLAGS)), slower)
     if name != "auto":

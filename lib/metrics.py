@@ -59,9 +59,8 @@ def product_rate(a: torch.Tensor, b: torch.Tensor, products: int = 1) -> float:
     return products * 2 * a.size(0) * a.size(1) * b.size(1) / (clock(a.device) - start)
 
 
-# CPU flags (Linux's /proc/cpuinfo) of native bfloat16 matmuls. There bf16 autocast pays off (RESULTS.md:
-# 2.6x fp32's tokens a second with AVX512-BF16, 1.5x with AMX); elsewhere a CPU emulates it, more slowly:
-# a multi30k training step took 1.2x fp32's time with AVX-512 alone, 21x with AVX2 alone (RESULTS.md).
+# CPU flags (Linux's /proc/cpuinfo) of native bfloat16 matmuls: there bf16 autocast pays off; elsewhere
+# a CPU emulates it, more slowly than fp32.
 NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 
 
@@ -75,9 +74,8 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
     return next((set(line.split(":", 1)[1].split()) for line in lines if line.startswith("flags")), set())
 
 
-# CPU flags under which torch's bfloat16 products have a kernel of their own (oneDNN's, torch 2.13): with
-# AVX-512 but no BF16 they run at 0.8x float32's rate, with AVX512-BF16 at 4x. With AVX2 alone they fall
-# back to one at 1.3 GFLOP/s, against float32's 140 (an AVX2 AMD EPYC, RESULTS.md).
+# CPU flags under which torch's bfloat16 products have a kernel of their own (oneDNN's); with AVX2 alone
+# they fall back to a generic one, a hundred times slower than float32's.
 BF16_KERNEL_FLAGS = NATIVE_BF16_FLAGS | {"avx512f"}
 
 
@@ -86,8 +84,7 @@ def square_sizes(device: torch.device, dtype: torch.dtype = torch.float32, flags
     """Matrix sizes that reach the device's matmul peak in ``dtype``: a GPU needs larger ones to fill it.
 
     bfloat16 on a CPU whose ``flags`` (default: this CPU's) lack ``BF16_KERNEL_FLAGS`` is as slow at every
-    size (1.3 GFLOP/s at 256 and 512, 0.9 at 1024), and its 2048 products take seconds each (a peak
-    measured on them, minutes): it is timed on 256 x 256 products alone. No flags known (not x86 Linux):
+    size, and its 2048 products take seconds each: it is timed on 256 x 256 products alone. No flags known (not x86 Linux):
     the usual sizes.
     """
     if device.type == "cuda":
@@ -103,8 +100,7 @@ PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 # The layouts of a training step's products: x @ W.T (nn.Linear's forward), and grad @ W and grad.T @ x
-# (its backward). A hardware kernel runs all three alike; a CPU without one for bfloat16 does not (this
-# AVX2 AMD EPYC: 1.3, 12-15 and 18-23 GFLOP/s at 256 and 512, RESULTS.md).
+# (its backward). A hardware kernel runs all three alike; a CPU without one for bfloat16 does not.
 LAYOUTS = (lambda a, b: (a, b.T), lambda a, b: (a, b), lambda a, b: (a.T, b))
 
 

@@ -149,7 +149,7 @@ def test_raising_max_iters_continues_only_where_the_schedule_does_not_depend_on_
                             tmp_path / name / "ckpt", tmp_path / name / "live")
 
     train(20, "raised")
-    with caplog.at_level("INFO", logger="lib.training"):
+    with caplog.at_level("INFO", logger="lib"):
         raised = train(40, "raised")
     assert raised["resumed"] == resumes
     assert resumes or "train.max_iters changed (20 -> 40); starting afresh" in caplog.text

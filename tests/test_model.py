@@ -337,31 +337,6 @@ def test_overfits_one_batch():
     assert torch.equal(logits(model.eval(), src, tgt_in).argmax(-1), tgt_out)
 
 
-def test_byte_dropout_drops_at_its_rate_and_keeps_the_mean():
-    from transformer.fast.dropout import ByteDropout as Dropout
-
-    layer = Dropout(0.1)
-    x = torch.ones(400, 1000)
-    y = layer(x)
-    dropped = (y == 0).float().mean().item()
-    assert dropped == pytest.approx(26 / 256, abs=0.003)  # 0.1 rounded to a multiple of 1/256
-    assert y.mean().item() == pytest.approx(1.0, abs=0.01)  # kept values scaled by 256/230
-    assert y.unique().tolist() == pytest.approx([0.0, 256 / 230])
-    torch.manual_seed(3)
-    a = layer(x)
-    torch.manual_seed(3)
-    assert torch.equal(a, layer(x))  # the global seed decides the mask: runs and resumes reproduce
-    assert torch.equal(layer.eval()(x), x) and torch.equal(Dropout(0.0)(x), x)
-    odd = torch.ones(30, 5, 7, requires_grad=True)  # a size that is not a multiple of 8
-    layer.train()(odd).sum().backward()
-    assert odd.grad.unique().tolist() == pytest.approx([0.0, 256 / 230])  # the mask's gradient
-    for p, threshold in ((0.2, 51), (0.5, 128), (0.9, 230)):  # the bytes are uniform over all 256 values
-        y = Dropout(p)(x)
-        assert (y == 0).float().mean().item() == pytest.approx(threshold / 256, abs=0.004), p
-    half = Dropout(0.5)(torch.ones(1000, 1000, dtype=torch.bfloat16))  # the mask is exact in bfloat16
-    assert half.dtype == torch.bfloat16 and half.unique().tolist() == [0.0, 2.0]
-
-
 def test_bias_free_model_equals_the_biased_one_with_zero_biases():
     """``bias: false`` drops every linear and LayerNorm bias (nanoGPT's choice) and changes nothing else."""
     for kind in ("seq2seq", "lm"):

@@ -26,13 +26,13 @@ def stages_run(output: str) -> set[str]:
 
 
 # Loaded into every Python process of the test's `dvc repro` (PYTHONPATH): a stage process writes, as it
-# exits, its command line and the lib and stages modules it ran.
+# exits, its command line and the project's modules it ran.
 RECORD_MODULES = """import atexit, os, sys
 
 
 def record():
     if os.sep + "stages" + os.sep in sys.argv[0]:  # python -m stages.train: argv[0] is .../stages/train.py
-        names = sorted(m for m in sys.modules if m.split(".")[0] in ("lib", "stages"))
+        names = sorted(m for m in sys.modules if m.split(".")[0] in ("lib", "stages", "transformer"))
         with open(os.path.join(os.environ["RECORD_MODULES"], str(os.getpid())), "w") as f:
             f.write(" ".join(sys.argv) + "\\n" + "\\n".join(names) + "\\n")
 
@@ -42,7 +42,7 @@ atexit.register(record)
 
 
 def code_not_in_deps(loaded, repo) -> dict:
-    """For each stage that ran: the lib and stages files it loaded that its dvc.yaml entry does not list
+    """For each stage that ran: the project's files it loaded that its dvc.yaml entry does not list
     (a change there would leave its outputs stale: dvc repro would not run it again)."""
     stages = yaml.safe_load((repo / "dvc.yaml").read_text())["stages"]
     params = yaml.safe_load((repo / "params.yaml").read_text())
@@ -65,7 +65,7 @@ def code_not_in_deps(loaded, repo) -> dict:
 def test_dvc_repro_end_to_end(tmp_path):
     repo = tmp_path / "repo"
     repo.mkdir()
-    for name in ("lib", "stages"):
+    for name in ("lib", "stages", "transformer"):
         shutil.copytree(ROOT / name, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("dvc.yaml", ".gitignore", ".dvcignore"):
         shutil.copy(ROOT / name, repo / name)
@@ -121,6 +121,6 @@ def test_a_checkpoint_is_tied_to_exactly_the_code_dvc_reruns_training_for(task):
     from lib.identity import training_code
 
     deps = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]["train"]["do"]["deps"]
-    lib_deps = {dep.replace("${item}", task) for dep in deps if dep.startswith("lib/")}
+    code_deps = {dep.replace("${item}", task) for dep in deps if dep.startswith(("lib/", "transformer/"))}
     code = {str(path.relative_to(ROOT)) for path in training_code(task)} - {"lib/__init__.py"}
-    assert code == lib_deps - {"lib/cli.py"}  # the stage script's helper, not training's
+    assert code == code_deps - {"lib/cli.py", "lib/params.py"}  # the stage script's helpers, not training's

@@ -473,7 +473,7 @@ def test_model_pt_is_the_best_epoch_or_a_better_average(tmp_path, built, tiny_pa
     losses = iter([3.0, 2.0, 2.5, 2.6, averaged_loss])
     monkeypatch.setattr(training, "mean_loss", lambda *args: next(losses))
     tiny_params["cumsum"]["train"].update(epochs=10, patience=2, average_last=2)
-    with caplog.at_level("INFO", logger="lib.training"):
+    with caplog.at_level("INFO", logger="lib"):
         summary = train_into(tmp_path, tiny_params, built)
     assert "stopped: no better validation loss for 2 epochs (train.patience)" in caplog.text
     assert next(losses, None) is None and summary["best_valid_loss"] == 2.0
@@ -1029,7 +1029,7 @@ def test_a_resume_drops_an_unreadable_summary_and_curve_rows_with_a_warning(tmp_
     lines[5] = "5\t"  # how pandas writes a NaN loss back (a diverged step's): kept
     loss.write_text("\n".join(lines))
     tiny_params["cumsum"]["train"]["epochs"] += 1
-    with caplog.at_level("WARNING", logger="lib.training"):
+    with caplog.at_level("WARNING", logger="lib"):
         assert train_into(tmp_path, tiny_params, built)["resumed"]
     assert [m for m in caplog.messages if "dropped" in m] == [
         f"{live / 'metrics.json'}: not a JSON object; dropped (the next validation writes it again)",
@@ -1077,7 +1077,7 @@ def test_a_changed_param_or_input_is_named_when_starting_afresh(tmp_path, built,
         tiny_params["cumsum"]["train"]["model"]["d_ff"] = 48
     else:  # one training pair fewer
         pd.read_parquet(data / "train.parquet").iloc[1:].to_parquet(data / "train.parquet", index=False)
-    with caplog.at_level("INFO", logger="lib.training"):
+    with caplog.at_level("INFO", logger="lib"):
         summary = train_into(tmp_path, tiny_params, built, data)
     assert not summary["resumed"] and f"{reason}; starting afresh" in caplog.text
 
@@ -1192,7 +1192,7 @@ def test_too_long_pairs_are_skipped_with_a_count_when_asked(tmp_path, built, tin
     tiny_params["cumsum"]["train"].update(epochs=1, too_long="skip")
     tiny_params["cumsum"]["train"]["model"]["max_len"] = 5  # 5-digit sequences need 6 with eos
     shorten_splits(data := data_with(tmp_path, built), 4)  # the test split and the length study fit whole
-    with caplog.at_level("WARNING", logger="lib.training"):
+    with caplog.at_level("WARNING", logger="lib"):
         train_into(tmp_path, tiny_params, built, data)
     five = (pd.read_parquet(built["data"] / "train.parquet")["src"].str.split().str.len() == 5).sum()
     assert f"train: skipped {five} of 400 pairs longer than train.model.max_len 5" in caplog.text and five > 0
@@ -1219,7 +1219,7 @@ def test_a_budget_below_the_widest_pairs_is_named_with_their_count(tmp_path, bui
                                 (6, "")):
         tiny_params["cumsum"]["train"]["max_tokens"] = max_tokens
         caplog.clear()
-        with caplog.at_level("WARNING", logger="lib.training"), pytest.raises(Checked):
+        with caplog.at_level("WARNING", logger="lib"), pytest.raises(Checked):
             train_into(tmp_path, tiny_params, built)
         assert warning in caplog.text and ("max_tokens" in caplog.text) == bool(warning)
 
@@ -1248,7 +1248,7 @@ def test_auto_precision_is_bf16_only_where_the_hardware_multiplies_bfloat16(tmp_
     cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16\n\nprocessor\t: 1\n")
     assert device.cpu_flags(cpuinfo) >= {"avx2", "avx512_bf16"}
     assert device.cpu_flags(tmp_path / "missing") == set()  # not Linux: no flags, so fp32
-    with caplog.at_level("INFO", logger="lib.training"):
+    with caplog.at_level("INFO", logger="lib"):
         assert device.resolve_precision("auto", cpu, device.cpu_flags(cpuinfo)) == "bf16"
     assert "train.precision auto: bf16 (cpu has avx512_bf16)" in caplog.text
     assert device.resolve_precision("auto", cpu, {"avx2", "amx_bf16", "amx_tile"}) == "bf16"
@@ -1257,7 +1257,7 @@ def test_auto_precision_is_bf16_only_where_the_hardware_multiplies_bfloat16(tmp_
     for given in ("fp32", "bf16"):  # asked for by name: taken as it is
         assert device.resolve_precision(given, cpu, set()) == given
     caplog.clear()
-    with caplog.at_level("WARNING", logger="lib.training"):
+    with caplog.at_level("WARNING", logger="lib"):
         assert device.resolve_precision("bf16", cpu, {"avx2", "fma"}) == "bf16"  # kept, but said to be slow
         assert "bf16 on a CPU without native bfloat16 (no amx_bf16 or avx512_bf16): a step takes about 20x" \
             in caplog.text
