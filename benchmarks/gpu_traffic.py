@@ -63,7 +63,7 @@ from benchmarks.train_throughput import (MODEL_KEYS, ROOT, batch_source, batch_w
                                          positive, train_step)
 from transformer.config import ModelConfig
 from transformer.fast.compile import compile_model
-from transformer.model import Transformer
+from transformer.model import build_model
 
 LIB = (str(ROOT / "lib"), str(ROOT / "transformer"))  # the project's own code
 TOP = 15  # lines shown
@@ -245,7 +245,7 @@ def step_traffic(cfg: ModelConfig, vocab_size: int, batch, ids, compiled: bool =
     traffic = Traffic()
     with FakeTensorMode(allow_non_fake_inputs=True), gpu_paths(), \
             counted_compile(traffic) if compiled else contextlib.nullcontext():
-        model = Transformer(cfg, vocab_size, vocab_size, joint_vocab=True)
+        model = build_model(cfg, "seq2seq", vocab_size, vocab_size, joint_vocab=True, fast=True)
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
         step = partial(train_step, compile_model(model, "seq2seq") if compiled else model,
                        partial(ours_loss, compiled=compiled), optimizer, batch, ids, "bf16")

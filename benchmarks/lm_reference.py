@@ -189,7 +189,7 @@ def main():
         full_valid = split_loss(model_, valid, 64)
         vocab_size = tokenizer.get_vocab_size()
     replica = train_replica(train, valid, vocab_size, args)
-    ours = build_model(model, "lm", vocab_size, vocab_size, joint_vocab=True).train()
+    ours = build_model(model, "lm", vocab_size, vocab_size, joint_vocab=True, fast=True).train()
     ours_optimizer = torch.optim.AdamW(weight_decay_groups(ours, 0.1), betas=(0.9, 0.99), fused=True)
     reference = NanoGPTReplica(vocab_size, 128, 4, 4, 64).train()
     batches = [torch.randint(vocab_size, (12, 65)) for _ in range(50)]

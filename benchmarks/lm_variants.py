@@ -25,7 +25,7 @@ import torch
 from benchmarks.lm_reference import step_times
 from lib.config import load_params
 from lib.params import stage_config
-from transformer.model import TransformerLM, parameter_counts
+from transformer.model import build_model, parameter_counts
 from lib.training import weight_decay_groups
 from lib.device import resolve_precision
 
@@ -57,7 +57,7 @@ def main():
     batches = [torch.randint(4, VOCAB, (cfg.batch_size, cfg.block_size + 1)) for _ in range(args.steps)]
     runs = {}
     for name, changes in VARIANTS.items():
-        model = TransformerLM(dataclasses.replace(cfg.model, **changes), VOCAB).train()
+        model = build_model(dataclasses.replace(cfg.model, **changes), "lm", VOCAB, VOCAB, True, fast=True).train()
         optimizer = torch.optim.AdamW(weight_decay_groups(model, cfg.weight_decay), lr=1e-4, betas=(0.9, cfg.beta2),
                                       fused=True)
         runs[name] = model, optimizer, precision

@@ -35,8 +35,8 @@ import torch.nn.functional as F
 
 from lib import evaluation, setup, tokenizer, training
 from lib.config import load_params
+from lib.curves import read_curves
 from lib.params import stage_config
-from lib.reporting import read_curves
 from lib.setup import repeats_input
 from lib.tasks import run_prepare
 from lib.tokenizer import SpecialIds

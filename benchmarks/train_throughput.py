@@ -58,7 +58,7 @@ from lib.metrics import LAYOUTS, PRECISION_DTYPES, clock, matmul_peak, product_r
 from lib.tokenizer import SpecialIds, encode_pairs, load_tokenizers, special_ids
 from transformer.config import ModelConfig
 from transformer.fast.compile import compile_model
-from transformer.model import Transformer
+from transformer.model import build_model
 from transformer.positions import SinusoidalPositionalEncoding
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -281,7 +281,7 @@ def measure(args: argparse.Namespace, cfg: ModelConfig, batches: list[Batch], id
     JSON line."""
     torch.manual_seed(0)
     device = torch.device(args.device)
-    built = {"ours": lambda: (Transformer(cfg, V, V, joint_vocab=True).to(device),
+    built = {"ours": lambda: (build_model(cfg, "seq2seq", V, V, joint_vocab=True, fast=True).to(device),
                               partial(ours_loss, compiled=args.compile)),
              "torch_nn_transformer": lambda: (TorchReference(cfg, V).to(device), torch_loss)}
     models = {name: build() for name, build in built.items() if name in args.models}

@@ -1,4 +1,5 @@
-"""A run's curves through dvclive (train/loss, valid/loss, ...), and their repair when a killed run resumes."""
+"""A run's curves through dvclive (train/loss, valid/loss, ...): written, repaired when a killed run resumes,
+and read back for the report."""
 
 import io
 import json
@@ -86,3 +87,19 @@ def truncate_curves(live_dir: str | Path, step: int):
         frame = pd.read_csv(io.StringIO("\n".join([header, *rows, ""])), sep="\t")
         with atomic_path(tsv) as tmp:
             frame[frame["step"] <= step].to_csv(tmp, sep="\t", index=False)
+
+
+# The dvclive metrics the report draws: every run logs the train/ ones; the others are per-task.
+CURVES = ("train/loss", "train/grad_norm", "train/lr", "eval/train_loss", "valid/loss")
+
+
+def read_curves(live_dir: Path, names: tuple[str, ...] = CURVES) -> dict[str, pd.DataFrame | None]:
+    """Each of ``names`` as (step, value) rows; None for one that was not logged."""
+    curves = dict.fromkeys(names)
+    for name in names:
+        path = live_dir / "plots" / "metrics" / f"{name}.tsv"
+        if path.is_file():
+            frame = pd.read_csv(path, sep="\t")
+            curves[name] = frame.rename(columns={frame.columns[-1]: "value"})  # the metric's own name
+    return curves
+

@@ -291,9 +291,8 @@ def sampled(
     device = next(model.parameters()).device
     ids = torch.tensor([prompt], dtype=torch.long, device=device)  # (1, T)
     cache, fed = (model.new_cache(), 0) if use_cache else (None, 0)
-    # The logits are divided with their largest made 0, and by no less than float32's smallest normal number: a
-    # temperature near 0 (1e-45, 1e-300) then sends the others to -inf (a greedy step), not the largest to inf
-    # or 0 / 0, which softmax would turn into NaN.
+    # Divided with their largest made 0, by no less than float32's smallest normal: a temperature near 0 then
+    # sends the others to -inf (a greedy step), not the largest to inf or 0 / 0 (NaN after softmax).
     divisor = max(temperature, torch.finfo(torch.float32).tiny)
     for _ in range(max_new_tokens):
         if cache is not None and ids.size(1) <= block_size:

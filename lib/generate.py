@@ -29,21 +29,19 @@ import io
 import json
 import os
 import sys
-import tempfile
-from fnmatch import fnmatchcase
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from lib import checkpoint, files
+from lib.attention_figures import (FIGURE_FILES, LM_ATTENTION_TOKENS, draw_lm_attention, draw_translation_attention,
+                                   is_a_figure, write_figures)
 from lib.config import utf8_lines, utf8_text
-from lib.data import Pairs, collate
 from lib.decoding import check_alpha
 from lib.distributed import device_named
 from lib.inference import LanguageModel, Written, out_of_range, outputs_of, score_lines, translate_lines
 from lib.tasks import TASKS, get_task
-from lib.tokenizer import continuation, lm_ids, special_ids
+from lib.tokenizer import continuation, lm_ids
 
 
 def input_bytes(path: str) -> tuple[bytes, str]:
@@ -103,81 +101,6 @@ def outputs_table(tokenizers, written: Written, columns: tuple[str, ...], header
     return table.getvalue()
 
 
-ATTENTION_BATCH = 32  # lines drawn per forward pass
-LM_ATTENTION_TOKENS = 64  # the LM's drawing covers the text's first tokens: a wider grid is unreadable
-
-
-def draw_translation_attention(model, tokenizers, lines: list[str], translations: list[str],
-                               written: Written, figures: Path) -> list[str]:
-    """For each translated line, the attention that wrote its output (encoder self, decoder self and
-    cross, every layer and head), with the model teacher-forced on that output: each decoder row is the
-    step that chose the token it is labelled with. Figures go to ``figures``; returns the page's lines."""
-    from lib.reporting import attention_maps, pair_heatmaps  # matplotlib, only when asked
-
-    ids = special_ids(tokenizers)
-    device = next(model.parameters()).device
-    numbers = sorted(written)
-    page = ["# Attention", "",
-            "For each line, one panel per layer (rows) and head (columns). Decoder rows are the steps of the "
-            "output, labelled by the token each chose (with --score, the token given); columns are the tokens it "
-            "reads.", ""]
-    with tqdm(total=len(numbers), desc="drawing attention", unit="line", leave=False) as progress:  # ~1-3 s a line
-        for first in range(0, len(numbers), ATTENTION_BATCH):
-            chunk = numbers[first:first + ATTENTION_BATCH]
-            pairs = Pairs([written[n][0] for n in chunk], [written[n][1][0].tokens for n in chunk])  # the best output
-            batch = collate(pairs, list(range(len(chunk))), ids).to(device)
-            maps, _ = attention_maps(model, batch, ids)
-            maps = {kind: [w.float().cpu() for w in layers] for kind, layers in maps.items()}
-            for i, n in enumerate(chunk):
-                page += [f"## Line {n + 1}", "", f"- source: `{lines[n].strip()}`",
-                         f"- output: `{translations[n]}`", ""]
-                page += pair_heatmaps(maps, batch, pairs, i, tokenizers, f"line {n + 1}", f"line{n + 1}", figures,
-                                      Path("."))
-                progress.update()
-    return page
-
-
-def draw_lm_attention(lm: LanguageModel, tokens: list[int], figures: Path, what: str) -> list[str]:
-    """The self-attention over the first tokens of ``what`` (the prompt and its continuation, a scored
-    text): ``LM_ATTENTION_TOKENS``, or the model's training block if that is shorter."""
-    from lib.reporting import plot_attention_grid, visible  # matplotlib, only when asked
-
-    shown = lm.attention(tokens[:LM_ATTENTION_TOKENS])["self-attention"]
-    labels = [visible(token) for token in shown.rows]
-    plot_attention_grid(shown.layers, labels, labels, f"Self-attention over the first {len(labels)} tokens",
-                        figures / "self_attention.png")
-    return ["# Attention", "",
-            f"The first {len(labels)} tokens of {what}. Rows: the position predicting "
-            "the next token; columns: the positions it reads. One panel per layer (rows) and head (columns).", "",
-            "![self-attention](self_attention.png)", ""]
-
-
-# The names write_figures puts in --attention (fnmatch patterns): an --output there by one of them would replace it.
-FIGURE_FILES = ("attention.md", "self_attention.png", "*_attention_line*.png")
-
-
-def write_figures(out_dir: Path, draw):
-    """``draw(figures)`` writes PNGs into a temporary directory beside ``out_dir`` and returns the lines of
-    attention.md; every file then moves into ``out_dir`` (created if need be), so an error or Ctrl-C leaves
-    no half-drawn figure. An earlier run's figures that this one did not draw (it had more lines, or the
-    other kind of model) go, so that the directory shows one run; files by other names are left alone."""
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=f".{out_dir.name}.") as tmp:
-        figures = Path(tmp)
-        (figures / "attention.md").write_text("\n".join(draw(figures)), encoding="utf-8")
-        out_dir.mkdir(exist_ok=True)
-        drawn = sorted(path.name for path in figures.iterdir())
-        for name in drawn:
-            os.replace(figures / name, out_dir / name)
-    for path in sorted(out_dir.iterdir()):
-        if path.name not in drawn and not path.is_dir() and is_a_figure(path.name):
-            path.unlink()
-
-
-def is_a_figure(name: str) -> bool:
-    return any(fnmatchcase(name, pattern) for pattern in FIGURE_FILES)
-
-
 SAMPLE_SEPARATOR = "-" * 15  # between an LM's samples, as nanoGPT's sample.py prints them
 
 # The options of each kind of task; given for the other kind, they are an error rather than ignored.
@@ -201,9 +124,8 @@ def takes_a_figure(output: str, attention: str) -> bool:
                for path in (output, os.path.realpath(output)))
 
 
-# What the pipeline writes in a models directory (dvc.yaml's outs), by the stage that writes it: nothing generate
-# writes may go there. model.pt replaced loses the trained model; a file more in tokenizer/ or checkpoints/ makes
-# `dvc repro` take that output for changed and run its stage again (tokenizer/ removed first, the file with it).
+# What the pipeline writes in a models directory, by the stage that writes it: nothing generate writes may go
+# there (a replaced model.pt is lost; a file more in an output makes `dvc repro` run its stage again).
 MODEL_FILES = {"model.pt": "train", "tokenizer": "tokenize", "checkpoints": "train"}
 
 
@@ -380,7 +302,7 @@ def prompts_given(args: argparse.Namespace):
                 print(f"generate: line {number}: empty; type a text for the LM to continue", file=sys.stderr)
 
 
-def main(argv=None):
+def argument_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m lib.generate", description=__doc__.splitlines()[0])
     parser.add_argument("--task", required=True, choices=TASKS, help="a task the pipeline trained (models/<task>/)")
     parser.add_argument("--models", type=os.path.expanduser,
@@ -421,8 +343,12 @@ def main(argv=None):
                         help="also draw the attention that wrote each output, every layer and head: DIR/attention.md "
                              "and its PNGs (three per translated line: meant for a few sentences; the LM's covers "
                              f"the first {LM_ATTENTION_TOKENS} tokens, at most its training block)")
-    args = parser.parse_args(argv)
+    return parser
 
+
+def main(argv=None):
+    parser = argument_parser()
+    args = parser.parse_args(argv)
     try:
         if args.output != "-":  # found out before the work, not after it
             files.check_writable(args.output, option="--output")

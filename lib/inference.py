@@ -217,7 +217,7 @@ def least_likely(tokenizer, h: Hypothesis) -> tuple[str, float] | None:
 @dataclass(frozen=True)
 class Attention:
     """One kind of attention over a text, every layer and head, as
-    ``lib.reporting.plot_attention_grid(a.layers, a.rows, a.cols, title, path)`` draws it."""
+    ``lib.figures.plot_attention_grid(a.layers, a.rows, a.cols, title, path)`` draws it."""
 
     layers: list[torch.Tensor]  # per layer (H, len(rows), len(cols)): how much each row's position reads each column
     rows: list[str]  # the positions reading: for a decoder, labelled by the token each chose
@@ -287,7 +287,7 @@ class Translator:
         """The attention that writes ``output`` (default: the greedy translation) for ``sentence``, with the
         model teacher-forced on it: "encoder self-attention" over the source tokens, "decoder
         self-attention" and "cross-attention" with a row for each step, labelled by the token it chose."""
-        from lib.reporting import attention_maps, token_strings
+        from lib.figures import attention_maps, token_strings
 
         text_of(sentence, "sentence")
         if output is not None:
@@ -378,7 +378,7 @@ class LanguageModel:
         """The "self-attention" over the first ``block_size`` tokens of ``text`` (or of these token ids): a
         row for each position (predicting the next token) and a column for each position it may read, both
         labelled by the position's token."""
-        from lib.reporting import token_strings
+        from lib.figures import token_strings
 
         ids = self.token_ids(self._ids(text, "the text") if isinstance(text, str) else text, "text")
         shown = torch.tensor(ids[:self.block_size])  # (T,)

@@ -7,7 +7,7 @@ import torch
 
 from transformer.fast.attention import grouped_attention
 from transformer.masks import padding_mask
-from transformer.model import Transformer
+from transformer.model import build_model
 from transformer.fast.loss import generator_nll
 from tests.conftest import model_config
 from tests.test_decoding import IDS, V, sources
@@ -25,9 +25,9 @@ def test_bf16_attention_stays_finite_and_close_to_fp32(scale):
     q, k, v = (torch.randn(4, 8, 64, 32, device="cuda") * scale for _ in range(3))
     mask = padding_mask(torch.tensor([[1] * 60 + [0] * 4] * 4, device="cuda"), 0)
     mask[0] = False  # one fully masked example
-    exact, _ = scaled_dot_product_attention(q, k, v, mask)
+    exact, _ = grouped_attention(q, k, v, mask)
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        low, weights = scaled_dot_product_attention(q, k, v, mask)
+        low, weights = grouped_attention(q, k, v, mask)
     assert torch.isfinite(low).all() and torch.all(low[0] == 0)
     assert torch.allclose(weights.float().sum(-1)[1:], torch.ones(3, 8, 64, device="cuda"), atol=1e-2)
     if scale == 1:
@@ -38,7 +38,7 @@ def test_training_step_and_cached_decoding_on_cuda():
     from lib.decoding import Decoder
 
     torch.manual_seed(0)
-    model = Transformer(model_config(tie_embeddings=True), V, V, joint_vocab=True).cuda()
+    model = build_model(model_config(tie_embeddings=True), "seq2seq", V, V, True, fast=True).cuda()
     src = sources().cuda()
     tgt = torch.randint(4, V, (src.size(0), 10), device="cuda")
     with torch.autocast("cuda", dtype=torch.bfloat16):  # as the train stage does it: the fused output layer + loss
@@ -62,7 +62,7 @@ def test_searches_on_cuda_report_the_scores_teacher_forcing_gives(beam_size):
     from tests.test_decoding import unpadded
 
     torch.manual_seed(0)
-    model = Transformer(model_config(tie_embeddings=True), V, V, joint_vocab=True).cuda().eval()
+    model = build_model(model_config(tie_embeddings=True), "seq2seq", V, V, True, fast=True).cuda().eval()
     srcs = unpadded(sources())
     found = [h[0] for h in translate_n_best(model, srcs, IDS, 4096, 4, beam_size, alpha=0.6)]
     again = score_outputs(model, srcs, [h.tokens for h in found], IDS, 4096, 0.6, [h.eos for h in found])
@@ -153,10 +153,9 @@ def test_an_lm_scores_a_text_on_cuda_as_on_the_cpu():
     """evaluation.text_metrics (the evaluate stage, lib.inference's LanguageModel.score) reads a CPU text
     with a model on the GPU."""
     from lib.evaluation import text_metrics
-    from transformer.model import TransformerLM
 
     torch.manual_seed(0)
-    model = TransformerLM(model_config(encoder_layers=0, norm_first=True, tie_embeddings=True), V).eval()
+    model = build_model(model_config(encoder_layers=0, norm_first=True, tie_embeddings=True), "lm", V, V, True, fast=True).eval()
     ids = torch.randint(4, V, (50,))
     here = text_metrics(model, ids, 50, 16)
     there = text_metrics(model.cuda(), ids, 50, 16)

@@ -427,8 +427,8 @@ def training_models(device: str, **overrides):
     from tests.test_decoding import V, sources
 
     cfg = model_config(dropout=0.1, **overrides)
-    seq2seq = Transformer(cfg, V, V, joint_vocab=True).to(device).train()
-    lm = TransformerLM(cfg, V).to(device).train()
+    seq2seq = build_model(cfg, "seq2seq", V, V, joint_vocab=True, fast=True).to(device).train()
+    lm = build_model(cfg, "lm", V, V, joint_vocab=True, fast=True).to(device).train()
     return seq2seq, lm, sources().to(device), torch.randint(4, V, (6, 10), device=device)
 
 
@@ -503,7 +503,7 @@ def test_a_compiled_seq2seq_serves_every_batch_shape_with_one_graph(monkeypatch)
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend=counter))
     torch._dynamo.reset()
     with torch_compile_defaults(), torch.no_grad():
-        model = compile_model(Transformer(model_config(dropout=0.1), V, V, joint_vocab=True).train(), "seq2seq")
+        model = compile_model(build_model(model_config(dropout=0.1), "seq2seq", V, V, True, fast=True).train(), "seq2seq")
         for B, S, T in [(3, 5, 5), (3, 7, 9), (4, 6, 2)]:
             src, tgt = torch.randint(4, V, (B, S)), torch.randint(4, V, (B, T))
             assert model(src, tgt, padding_mask(src, PAD), target_mask(tgt, PAD)).shape == (B, T, V)

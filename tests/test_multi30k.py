@@ -466,14 +466,14 @@ def test_generate_draws_the_attention_that_wrote_each_output(tmp_path, trained, 
     """--attention DIR: per translated line, the three kinds of attention of the model teacher-forced on its
     own output, cut to the line's real lengths (the same weights as that line run alone, unpadded), rows
     labelled by the output's tokens and <eos>; empty lines drawn never; nothing left half-written."""
-    from lib import generate, reporting
+    from lib import figures, generate
     from lib.data import Pairs, collate
     from lib.decoding import translate
     from lib.tokenizer import encode_sources, special_ids
 
     drawn = {}
-    real = reporting.example_heatmaps
-    monkeypatch.setattr(reporting, "example_heatmaps", lambda maps, i, src, tgt_in, predicted, title, *rest: drawn.update(
+    real = figures.example_heatmaps
+    monkeypatch.setattr(figures, "example_heatmaps", lambda maps, i, src, tgt_in, predicted, title, *rest: drawn.update(
         {title: ({k: [w[i] for w in v] for k, v in maps.items()}, src, predicted)})
         or real(maps, i, src, tgt_in, predicted, title, *rest))
     (tmp_path / "in.txt").write_text("\n".join([GERMAN[0], "", GERMAN[1]]) + "\n", encoding="utf-8")
@@ -498,7 +498,7 @@ def test_generate_draws_the_attention_that_wrote_each_output(tmp_path, trained, 
     assert toks.target.decode(output) == outputs[2]
     assert src == [toks.source.id_to_token(t) for t in source]
     assert labels == [toks.target.id_to_token(t) for t in output] + ["<eos>"]
-    alone, _ = reporting.attention_maps(model, collate(Pairs([source], [output]), [0], ids), ids)
+    alone, _ = figures.attention_maps(model, collate(Pairs([source], [output]), [0], ids), ids)
     for kind, layers in alone.items():
         for layer, weights in enumerate(layers):  # (1, H, rows, columns): this line's real lengths
             rows, columns = weights.shape[-2:]

@@ -24,7 +24,8 @@ import pytest
 import torch
 import yaml
 
-from lib import checkpoint, curves, device, evaluation, files, losses, reporting, tokenizer, training
+from lib import captions, checkpoint, curves, evaluation, figures, files, reporting, tokenizer, training
+from lib import device as lib_device
 from lib.cli import DIRECTORY, FILE, HOLDS, INPUTS
 from lib.config import ConfigError
 from lib.params import stage_config
@@ -201,17 +202,17 @@ def test_a_wrong_output_is_a_search_error_only_where_the_model_scores_the_refere
 def test_the_curves_caption_says_where_the_loss_should_start_and_where_it_can_end():
     import math
 
-    calm = reporting.curves_caption(4.3, 69, 0.0, 0.0)
+    calm = captions.curves_caption(4.3, 69, 0.0, 0.0)
     assert f"ln 69 = {math.log(69):.2f}" in calm and "Far above" not in calm and "label-smoothed" not in calm
-    assert "Far above it" in reporting.curves_caption(11.0, 69, 0.0, 0.0)
-    assert "entropy of the smoothed targets, 0.86 nats" in reporting.curves_caption(5.4, 221, 0.1, 0.864)
+    assert "Far above it" in captions.curves_caption(11.0, 69, 0.0, 0.0)
+    assert "entropy of the smoothed targets, 0.86 nats" in captions.curves_caption(5.4, 221, 0.1, 0.864)
     # A far-too-high start names the untrained model repeating its input, and the tie, where that is why.
-    tied = reporting.curves_caption(4.3, 14, 0.1, 0.57, repeats=0.95, tied=True)
+    tied = captions.curves_caption(4.3, 14, 0.1, 0.57, repeats=0.95, tied=True)
     assert "given at 95% of positions: its input vectors are also its output layer's rows" in tied
     assert "tie_embeddings: false starts it elsewhere" in tied
-    untied = reporting.curves_caption(4.3, 14, 0.1, 0.57, repeats=0.95, tied=False)
+    untied = captions.curves_caption(4.3, 14, 0.1, 0.57, repeats=0.95, tied=False)
     assert "given at 95% of positions." in untied and "tie_embeddings" not in untied
-    assert "given at" not in reporting.curves_caption(4.3, 14, 0.1, 0.57, repeats=0.2, tied=True)
+    assert "given at" not in captions.curves_caption(4.3, 14, 0.1, 0.57, repeats=0.2, tied=True)
 
 
 def test_a_loss_that_did_not_fall_is_told_with_what_the_learning_rate_says():
@@ -222,7 +223,7 @@ def test_a_loss_that_did_not_fall_is_told_with_what_the_learning_rate_says():
 
     def caption(end_loss, rates, kind="seq2seq"):
         loss = pd.DataFrame({"step": steps, "value": [5.5 + (end_loss - 5.5) * i / 699 for i in range(700)]})
-        return reporting.stalled_caption(loss, pd.DataFrame({"step": steps, "value": rates}), 221, kind)
+        return captions.stalled_caption(loss, pd.DataFrame({"step": steps, "value": rates}), 221, kind)
 
     noam = [3.5e-3 * min(i / 400, (400 / i) ** 0.5) for i in steps]  # the default's warmup and decay
     assert caption(0.9, noam) == ""  # fell: nothing to say
@@ -243,7 +244,7 @@ def test_a_loss_that_did_not_fall_is_told_with_what_the_learning_rate_says():
 
 def test_the_validation_caption_tells_falling_from_overfitting_from_a_plateau():
     def caption(values, kind="seq2seq"):
-        return reporting.validation_caption(pd.DataFrame({"step": range(100, 100 * len(values) + 1, 100),
+        return captions.validation_caption(pd.DataFrame({"step": range(100, 100 * len(values) + 1, 100),
                                                           "value": values}), kind)
 
     falling = caption([3.0, 2.0, 1.5], "lm")
@@ -255,12 +256,12 @@ def test_the_validation_caption_tells_falling_from_overfitting_from_a_plateau():
     assert "over-fitting" in overfit
     plateau = caption([3.0, 2.0, 2.05])
     assert "+2.5%" in plateau and "plateau" in plateau and "over-fitting" not in plateau
-    assert caption([3.0]) == "" and reporting.validation_caption(None, "lm") == ""
+    assert caption([3.0]) == "" and captions.validation_caption(None, "lm") == ""
 
 
 def test_the_report_says_whether_model_pt_is_one_epoch_or_an_average():
-    assert reporting.model_line({"step": 300, "valid_loss": 1.5}) == "Best model: step 300, validation loss 1.5000."
-    averaged = reporting.model_line({"step": 7130, "valid_loss": 1.57377, "averaged_epochs": 5})
+    assert captions.model_line({"step": 300, "valid_loss": 1.5}) == "Best model: step 300, validation loss 1.5000."
+    averaged = captions.model_line({"step": 7130, "valid_loss": 1.57377, "averaged_epochs": 5})
     assert averaged.startswith("Model: the average of the last 5 epochs' weights, up to step 7130, validation "
                                "loss 1.5738")
 
@@ -293,7 +294,7 @@ def test_the_model_section_gives_the_mfu_when_training_measured_it(tmp_path):
     (metrics / "tokens_per_s.tsv").write_text("step\ttokens_per_s\n1\t900\n2\t1000\n3\t5000\n")
     (metrics / "mfu.tsv").write_text("step\tmfu\n1\t0.4\n2\t0.52\n3\t0.6\n")
     model = build_model(model_config(tie_embeddings=False, bias=False, dropout=0.2), "lm", 50, 50, True)
-    lines = reporting.model_section(model, {"kind": "lm", "src_vocab_size": 50, "tgt_vocab_size": 50,
+    lines = captions.model_section(model, {"kind": "lm", "src_vocab_size": 50, "tgt_vocab_size": 50,
                                             "joint_vocab": True}, tmp_path)
     assert lines[2] == ("A decoder-only language model of 2 layers, Post-LN, as in the paper: d_model 32, 4 heads of "
                         "width 8, a ReLU feed-forward of width 64, dropout 0.2, no biases; sinusoidal positions added "
@@ -306,7 +307,7 @@ def test_the_model_section_gives_the_mfu_when_training_measured_it(tmp_path):
 @pytest.mark.parametrize("norm_first", [True, False])
 def test_the_architecture_sentence_names_later_models_choices(norm_first):
     cfg = model_config(n_kv_heads=1, norm="rmsnorm", activation="swiglu", positional="rope", norm_first=norm_first)
-    sentence = reporting.architecture(cfg, {"kind": "lm", "src_vocab_size": 50, "tgt_vocab_size": 50})
+    sentence = captions.architecture(cfg, {"kind": "lm", "src_vocab_size": 50, "tgt_vocab_size": 50})
     norms = "Pre-LN with RMSNorm, and a final RMSNorm" if norm_first else "Post-LN with RMSNorm"
     assert sentence.startswith(f"A decoder-only language model of 2 layers, {norms}: d_model 32, 4 heads of width 8 "
                                "sharing 1 key/value head, a SwiGLU feed-forward of width 64, no dropout; rotary")
@@ -384,7 +385,7 @@ def test_where_it_breaks_shows_a_wrong_sequence_of_that_length_and_the_steps_tha
     ids = tokenizer.special_ids(tokenizers)
     output = pd.DataFrame({"src": [shown["source"]], "tgt": [shown["greedy output"]]})
     pairs = tokenizer.encode_pairs(tokenizers, output)
-    _, likeliest = reporting.attention_maps(model, collate(pairs, [0], ids), ids)
+    _, likeliest = figures.attention_maps(model, collate(pairs, [0], ids), ids)
     assert likeliest[0, :-1].tolist() == pairs.tgt[0]
     stopped = len(pairs.tgt[0]) < length + TINY_PARAMS["cumsum"]["evaluate"]["max_extra_tokens"]  # not cut off
     assert (likeliest[0, -1] == ids.eos) == stopped
@@ -1091,7 +1092,7 @@ def test_drawn_attention_is_what_the_model_computes(built):
     lengths = [len(s) for s in pairs.src]
     examples = [lengths.index(min(lengths)), lengths.index(max(lengths))]  # the shorter one is padded
     batch = collate(pairs, examples, ids)
-    maps, likeliest = reporting.attention_maps(model, batch, ids)
+    maps, likeliest = figures.attention_maps(model, batch, ids)
     short = min(lengths)
     for kind, layers in maps.items():
         for w in layers:
@@ -1228,7 +1229,7 @@ def test_a_budget_below_the_widest_pairs_is_named_with_their_count(tmp_path, bui
 def test_freed_activations_stay_in_the_heap():
     """After ``keep_freed_memory`` (training on a CPU calls it) a step's freed blocks are
     reused by the next step instead of being trimmed off and page-faulted back in."""
-    device.keep_freed_memory()
+    lib_device.keep_freed_memory()
 
     def step():  # four 4 MiB activations alive at once, then all freed
         blocks = [torch.ones(1 << 20) for _ in range(4)]
@@ -1246,27 +1247,27 @@ def test_auto_precision_is_bf16_only_where_the_hardware_multiplies_bfloat16(tmp_
     cpu = torch.device("cpu")
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16\n\nprocessor\t: 1\n")
-    assert device.cpu_flags(cpuinfo) >= {"avx2", "avx512_bf16"}
-    assert device.cpu_flags(tmp_path / "missing") == set()  # not Linux: no flags, so fp32
+    assert lib_device.cpu_flags(cpuinfo) >= {"avx2", "avx512_bf16"}
+    assert lib_device.cpu_flags(tmp_path / "missing") == set()  # not Linux: no flags, so fp32
     with caplog.at_level("INFO", logger="lib"):
-        assert device.resolve_precision("auto", cpu, device.cpu_flags(cpuinfo)) == "bf16"
+        assert lib_device.resolve_precision("auto", cpu, lib_device.cpu_flags(cpuinfo)) == "bf16"
     assert "train.precision auto: bf16 (cpu has avx512_bf16)" in caplog.text
-    assert device.resolve_precision("auto", cpu, {"avx2", "amx_bf16", "amx_tile"}) == "bf16"
-    assert device.resolve_precision("auto", cpu, {"avx2", "avx512f", "fma"}) == "fp32"
-    assert device.resolve_precision("auto", cpu, set()) == "fp32"
+    assert lib_device.resolve_precision("auto", cpu, {"avx2", "amx_bf16", "amx_tile"}) == "bf16"
+    assert lib_device.resolve_precision("auto", cpu, {"avx2", "avx512f", "fma"}) == "fp32"
+    assert lib_device.resolve_precision("auto", cpu, set()) == "fp32"
     for given in ("fp32", "bf16"):  # asked for by name: taken as it is
-        assert device.resolve_precision(given, cpu, set()) == given
+        assert lib_device.resolve_precision(given, cpu, set()) == given
     caplog.clear()
     with caplog.at_level("WARNING", logger="lib"):
-        assert device.resolve_precision("bf16", cpu, {"avx2", "fma"}) == "bf16"  # kept, but said to be slow
+        assert lib_device.resolve_precision("bf16", cpu, {"avx2", "fma"}) == "bf16"  # kept, but said to be slow
         assert "bf16 on a CPU without native bfloat16 (no amx_bf16 or avx512_bf16): a step takes about 20x" \
             in caplog.text
         caplog.clear()
-        device.resolve_precision("bf16", cpu, {"avx2", "avx512f"})
+        lib_device.resolve_precision("bf16", cpu, {"avx2", "avx512f"})
         assert "a step takes about 1.2x fp32's time here" in caplog.text
         caplog.clear()
-        device.resolve_precision("bf16", cpu, {"avx2", "avx512_bf16"})
-        device.resolve_precision("bf16", cpu, set())  # flags unknown: nothing to say
+        lib_device.resolve_precision("bf16", cpu, {"avx2", "avx512_bf16"})
+        lib_device.resolve_precision("bf16", cpu, set())  # flags unknown: nothing to say
     assert caplog.text == ""
 
 

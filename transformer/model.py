@@ -4,7 +4,6 @@ blocks of transformer.layers; ``build_model`` makes either.
 Dims: B batch, S source length, T target length, C model width, V vocabulary, H heads.
 """
 
-import torch
 from torch import nn
 
 from transformer.config import ModelConfig
