@@ -1,4 +1,4 @@
-"""The Noam schedule and label smoothing."""
+"""The Noam and cosine schedules, label smoothing, and the fused loss against it in float64."""
 
 import pytest
 import torch
@@ -54,7 +54,7 @@ def test_loss_is_cross_entropy_against_the_smoothed_target():
 
 
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
-def test_closed_form_gradient_matches_autograd(smoothing):
+def test_the_loss_and_its_gradient_are_those_of_the_smoothed_cross_entropy(smoothing):
     logits = torch.randn(3, 7, 13, dtype=torch.float64, requires_grad=True)
     target = torch.randint(0, 13, (3, 7))
     target[0, 4:] = PAD
