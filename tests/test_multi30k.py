@@ -481,8 +481,8 @@ def test_generate_draws_the_attention_that_wrote_each_output(tmp_path, trained, 
     generate.main(["--task", "multi30k", "--models", str(trained), "--input", str(tmp_path / "in.txt"),
                    "--output", str(out_dir / "out.txt"), "--attention", str(out_dir)])
     outputs = (out_dir / "out.txt").read_text(encoding="utf-8").split("\n")
-    figures = [f"{kind}_attention_line{n}.png" for kind in ("cross", "decoder_self", "encoder_self") for n in (1, 3)]
-    assert sorted(p.name for p in out_dir.iterdir()) == sorted(["attention.md", "out.txt", *figures])  # out.txt: ours
+    pngs = [f"{kind}_attention_line{n}.png" for kind in ("cross", "decoder_self", "encoder_self") for n in (1, 3)]
+    assert sorted(p.name for p in out_dir.iterdir()) == sorted(["attention.md", "out.txt", *pngs])  # out.txt: ours
     assert all(any(fnmatch.fnmatchcase(p.name, pattern) for pattern in generate.FIGURE_FILES)  # what --output may not
                for p in out_dir.iterdir() if p.name != "out.txt")
     assert all((out_dir / name).stat().st_size > 0 for name in os.listdir(out_dir))
