@@ -40,7 +40,7 @@ class Run:
         self.last_path, self.best_path = self.checkpoint_dir / "last.pt", self.checkpoint_dir / "best.pt"
         self.identity = run_identity(trainee.task, cfg, length_key, stop_keys, schedule_uses_length, data_dir,
                                      tokenizer_dir)
-        self.live_dir, self.curves = live_dir, Curves(live_dir, self.ctx.is_main)
+        self.curves = Curves(live_dir, self.ctx.is_main)
         self.resumed = self._resume(getattr(cfg, length_key))
 
     def open(self):
@@ -51,12 +51,12 @@ class Run:
         if not self.ctx.is_main:
             return
         if self.resumed:
-            truncate_curves(self.live_dir, self.state["step"])
+            truncate_curves(self.curves.live_dir, self.state["step"])
             for stale in self.checkpoint_dir.glob(".*.tmp"):  # a save that kill -9 cut short
                 stale.unlink()
         else:
             shutil.rmtree(self.checkpoint_dir, ignore_errors=True)
-            shutil.rmtree(self.live_dir, ignore_errors=True)
+            shutil.rmtree(self.curves.live_dir, ignore_errors=True)
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         self.curves.open(self.resumed)
 

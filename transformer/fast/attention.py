@@ -71,13 +71,8 @@ class FastMultiHeadAttention(MultiHeadAttention):
             q, (k, v) = self.query(x), self._fused_rows(memory, slice(x.size(-1), None)).chunk(2, dim=-1)
         return self.split_heads(q), self.split_heads(k), self.split_heads(v)
 
-    def query(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.fused_qkv:
-            return self.q_proj(x)
-        return self._fused_rows(x, slice(None, x.size(-1)))
-
     def _fused_rows(self, x: torch.Tensor, rows: slice) -> torch.Tensor:
-        """x through some rows of the fused projection: the query rows, or the key/value rows."""
+        """x through some rows of the fused projection: the keys' and values' together, one product."""
         b = self.qkv_proj.bias
         return F.linear(x, self.qkv_proj.weight[rows], None if b is None else b[rows])
 
