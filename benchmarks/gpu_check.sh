@@ -113,7 +113,7 @@ out, source, peak, device, minutes, max_tokens, d_model, compile_ = sys.argv[1:]
 params = load_params("params.yaml")
 params["tasks"] = ["multi30k"]
 m = params["multi30k"]
-m["prepare"]["source"] = source
+m["fetch"]["source"] = source
 m["train"].update(device=device, precision="bf16", epochs=1000, time_budget_minutes=float(minutes), patience=0,
                   max_tokens=int(max_tokens), peak_tflops=float(peak), checkpoint_every=100_000,
                   compile=compile_ == "1")
@@ -122,7 +122,8 @@ yaml.safe_dump(params, open(out, "w"))
 PY
 }
 write_params "$COMPILE"
-"$PYTHON" -m stages.prepare multi30k --out "$WORK/data" --params "$WORK/params.yaml"
+"$PYTHON" -m stages.fetch multi30k --out "$WORK/sources" --params "$WORK/params.yaml"
+"$PYTHON" -m stages.prepare multi30k --source "$WORK/sources" --out "$WORK/data" --params "$WORK/params.yaml"
 "$PYTHON" -m stages.tokenize multi30k --data "$WORK/data" --out "$WORK/tokenizer" --params "$WORK/params.yaml"
 
 # The eager step alone at a quarter of, at and at twice the train stage's batch: how MFU moves with

@@ -26,6 +26,7 @@ per encoding, then this page from their metrics:
 
 import argparse
 import copy
+import io
 import json
 import subprocess
 import tempfile
@@ -100,9 +101,9 @@ def main():
                          run_dir / "ckpt", run_dir / "live")
             seconds = time.perf_counter() - start
             metrics = evaluation.run("cumsum", cfg["evaluate"], tmp / "data", tmp / "tok", run_dir / "model.pt",
-                                     run_dir / "metrics.json", run_dir / "samples.jsonl")
+                                     run_dir / "metrics.json", run_dir / "samples.jsonl", run_dir / "by_length.csv")
             results[variant] = {"train_s": round(seconds, 1), "exact_match": metrics["greedy"]["exact_match"],
-                                "by_length": metrics["by_length"],
+                                "by_length": read_by_length((run_dir / "by_length.csv").read_text()),
                                 "stop_errors_by_length": stop_errors(run_dir / "samples.jsonl")}
     setting = "Pre-LN" if params["cumsum"]["train"]["model"]["norm_first"] else "Post-LN"
     if cfg["prepare"].modulus:
@@ -170,7 +171,7 @@ def experiment_results(names: list[str]) -> dict:
     def walk(node):  # experiments nest under their baseline commit: look everywhere
         if isinstance(node, dict):
             if node.get("name") in names and isinstance(node.get("data"), dict):
-                found[node["name"]] = node["data"]
+                found[node["name"]] = node
             for value in node.values():
                 walk(value)
         elif isinstance(node, list):
@@ -183,12 +184,20 @@ def experiment_results(names: list[str]) -> dict:
         raise SystemExit(f"no finished experiment named {', '.join(missing)} (dvc exp show)")
     results = {}
     for name in names:
-        data = found[name]
+        data = found[name]["data"]
         metrics = data["metrics"]["reports/cumsum/metrics.json"]["data"]
         positional = data["params"]["params.yaml"]["data"]["cumsum"]["train"]["model"]["positional"]
+        table = subprocess.run(["git", "show", f"{found[name]['rev']}:reports/cumsum/by_length.csv"],
+                               capture_output=True, text=True, check=True, cwd=HERE.parent).stdout
         results[f"{positional} ({name})"] = {"exact_match": metrics["greedy"]["exact_match"],
-                                             "by_length": metrics["by_length"]}
+                                             "by_length": read_by_length(table)}
     return results
+
+
+def read_by_length(table: str) -> dict[int, float]:
+    """by_length.csv, the evaluate stage's exact match by length, as {length: share}."""
+    frame = pd.read_csv(io.StringIO(table))
+    return dict(zip(frame["length"].astype(int), frame["exact_match"]))
 
 
 def write_page(results: dict, setting: str, prepare, out: Path):

@@ -34,7 +34,7 @@ from lib.evaluation import split_loss
 from lib.training import weight_decay_groups
 from transformer.schedules import cosine_lr
 from transformer.model import build_model
-from lib.tasks import run_prepare, shakespeare
+from lib.tasks import run_fetch, run_prepare, shakespeare
 from lib.tokenizer import encode_text, load_tokenizers, run as run_tokenize
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -172,7 +172,8 @@ def main():
                         checkpoint_every=args.iters, precision=args.precision, model=model)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        run_prepare("shakespeare", shakespeare.PrepareConfig(source=args.source, train_fraction=0.9), tmp / "data")
+        run_fetch("shakespeare", shakespeare.FetchConfig(source=args.source), tmp / "sources")
+        run_prepare("shakespeare", shakespeare.PrepareConfig(train_fraction=0.9), tmp / "data", tmp / "sources")
         run_tokenize("shakespeare", TokenizeConfig(kind="char", min_frequency=1), tmp / "data", tmp / "tok")
         start = time.perf_counter()
         training.train_lm("shakespeare", cfg, tmp / "data", tmp / "tok", tmp / "model.pt", tmp / "ckpt",

@@ -3,7 +3,7 @@ checkout (the commit before a refactor, say), with the same params, side by side
 
 Each tree runs prepare, tokenize, train (and, with --evaluate, evaluate) for one task in a scratch directory
 of its own, its params.yaml the tree's own with the --set overrides applied to both; a local --source
-replaces the task's prepare.source. Prints one JSON line: for each tree model.pt's md5, the train stage's
+replaces the task's fetch.source. Prints one JSON line: for each tree model.pt's md5, the train stage's
 seconds, the best validation loss and the evaluate metrics; "same_model" when model.pt is the same bytes.
 Without --before, this tree alone runs (a param the other tree lacks, such as train.fast=false).
 Run from the repository root with the venv active:
@@ -37,7 +37,7 @@ def overridden(params: dict, task: str, sets: list[str], source: str | None) -> 
             section = section[part]
         section[last] = parse_yaml(value, f"--set {item}")
     if source:
-        params[task]["prepare"]["source"] = str(Path(source).resolve())
+        params[task]["fetch"]["source"] = str(Path(source).resolve())
     params["tasks"] = [task]
     return params
 
@@ -50,12 +50,14 @@ def run_tree(tree: Path, scratch: Path, task: str, args) -> dict:
     params = overridden(load_params(tree / "params.yaml"), task, args.set, args.source)
     (scratch / "params.yaml").write_text(json.dumps(params))  # JSON is YAML
     data, tok, model = f"data/{task}", f"models/{task}/tokenizer", f"models/{task}/model.pt"
-    steps = [["prepare", task, "--out", data], ["tokenize", task, "--data", data, "--out", tok],
+    steps = [["fetch", task, "--out", f"sources/{task}"], ["prepare", task, "--source", f"sources/{task}", "--out", data],
+             ["tokenize", task, "--data", data, "--out", tok],
              ["train", task, "--data", data, "--tokenizer", tok, "--model", model, "--checkpoints",
               f"models/{task}/checkpoints", "--live", f"reports/{task}/train"]]
     if args.evaluate:
         steps.append(["evaluate", task, "--data", data, "--tokenizer", tok, "--model", model, "--metrics",
-                      f"reports/{task}/metrics.json", "--samples", f"reports/{task}/samples.jsonl"])
+                      f"reports/{task}/metrics.json", "--samples", f"reports/{task}/samples.jsonl", "--lengths",
+                      f"reports/{task}/by_length.csv"])
     seconds = {}
     for stage, *argv in steps:
         start = time.perf_counter()
@@ -77,7 +79,7 @@ def main():
                                                     "tree alone runs")
     parser.add_argument("--task", required=True)
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="e.g. train.epochs=1")
-    parser.add_argument("--source", default=None, help="a local copy for the task's prepare.source")
+    parser.add_argument("--source", default=None, help="a local copy for the task's fetch.source")
     parser.add_argument("--evaluate", action="store_true", help="also run the evaluate stage")
     parser.add_argument("--workdir", default=None)
     args = parser.parse_args()

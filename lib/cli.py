@@ -92,13 +92,15 @@ def _foreseen(err: Exception) -> bool:
 FILE, DIRECTORY = "file", "directory"  # what a stage reads or writes at a path
 
 # What each input a stage reads (by its --option) is, and the stage that writes it: dvc.yaml's flow of data.
-INPUTS = {"data": (DIRECTORY, "prepare"), "tokenizer": (DIRECTORY, "tokenize"), "model": (FILE, "train"),
-          "live": (DIRECTORY, "train"), "metrics": (FILE, "evaluate"), "samples": (FILE, "evaluate")}
+INPUTS = {"source": (DIRECTORY, "fetch"), "data": (DIRECTORY, "prepare"), "tokenizer": (DIRECTORY, "tokenize"),
+          "model": (FILE, "train"), "live": (DIRECTORY, "train"), "metrics": (FILE, "evaluate"),
+          "samples": (FILE, "evaluate"), "lengths": (FILE, "evaluate")}
 # What each directory a stage writes holds (by stage and --option; fnmatch patterns): the stage replaces it
 # whole, so one holding anything else is refused. prepare's are named one by one, as a copied source is not.
 PREPARED_FILES = tuple(f"{split}.{kind}" for split in ("train", "valid", "test", "lengths")
                        for kind in ("parquet", "txt"))
-HOLDS = {("prepare", "out"): (*PREPARED_FILES, "alphabet.txt"), ("tokenize", "out"): ("*.json",),
+HOLDS = {("fetch", "out"): ("manifest.json", "*.gz", "train.parquet", "valid.parquet", "test.parquet", "input.txt"),
+         ("prepare", "out"): (*PREPARED_FILES, "alphabet.txt"), ("tokenize", "out"): ("*.json",),
          ("train", "checkpoints"): ("*.pt", ".*.tmp"), ("train", "live"): ("metrics.json", "plots"),
          ("report", "figures"): ("*.png",)}
 

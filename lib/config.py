@@ -1,10 +1,10 @@
 """Typed, frozen configuration built from params.yaml; all validation lives here.
 
 params.yaml holds ``tasks`` (the tasks to build) and one section per task with
-one sub-section per stage: ``<task>.prepare``, ``.tokenize``, ``.train`` (with
+one sub-section per stage: ``<task>.fetch``, ``.prepare``, ``.tokenize``, ``.train`` (with
 its ``model``), ``.evaluate`` and ``.report``. Each sub-section becomes one
-frozen dataclass below (``prepare`` is task-specific and lives beside its
-task). A misspelt, missing or ill-typed key, or an invalid value, raises
+frozen dataclass below (``fetch`` and ``prepare`` are task-specific and live
+beside their task). A misspelt, missing or ill-typed key, or an invalid value, raises
 ConfigError naming the dotted key before any work starts.
 """
 
@@ -260,7 +260,7 @@ class LMReportConfig:
 
 
 # The stages in the order dvc.yaml runs them, each reading what the one before wrote.
-STAGES = ("prepare", "tokenize", "train", "evaluate", "report")
+STAGES = ("fetch", "prepare", "tokenize", "train", "evaluate", "report")
 
 # The config class of each stage, by the task's kind (seq2seq or lm).
 STAGE_CONFIGS = {

@@ -2,9 +2,10 @@
 
 seq2seq: test and validation loss and perplexity; greedy (and, with
 ``beam_size``, beam-search) translations scored by the task, with the time
-each search took; every test translation in samples.jsonl.
+each search took; every test translation in samples.jsonl; the task's score
+by length (cumsum: exact match by digits, multi30k: BLEU by source words).
 lm: validation loss over the whole split, bits per character, perplexity,
-and samples continuing a few prompts.
+samples continuing a few prompts, and the loss by the tokens of context read.
 """
 
 import json
@@ -47,16 +48,20 @@ def search_or_model(found: list[Hypothesis], references: list[Hypothesis]) -> di
     return {"search_errors": sum(search) / len(found), "model_errors": (sum(wrong) - sum(search)) / len(found)}
 
 
-def write_outputs(metrics: dict, samples: pd.DataFrame, metrics_path, samples_path):
-    """Both written beside their places, then moved in together: a failure writing either (a full disk)
-    leaves the last run's pair, never new samples beside old metrics."""
+def write_outputs(metrics: dict, samples: pd.DataFrame, by_length: pd.DataFrame, metrics_path, samples_path,
+                  lengths_path):
+    """All three written beside their places, then moved in together: a failure writing any (a full disk)
+    leaves the last run's set, never new samples beside old metrics."""
     with atomic_path(samples_path) as samples_tmp:
         samples.to_json(samples_tmp, orient="records", lines=True, force_ascii=False)
-        with atomic_path(metrics_path) as metrics_tmp:
-            metrics_tmp.write_text(json.dumps(metrics, indent=2) + "\n")
+        with atomic_path(lengths_path) as lengths_tmp:
+            by_length.to_csv(lengths_tmp, index=False)
+            with atomic_path(metrics_path) as metrics_tmp:
+                metrics_tmp.write_text(json.dumps(metrics, indent=2) + "\n")
 
 
-def evaluate_seq2seq(task, cfg: EvaluateConfig, data_dir, tokenizer_dir, model_path, metrics_path, samples_path):
+def evaluate_seq2seq(task, cfg: EvaluateConfig, data_dir, tokenizer_dir, model_path, metrics_path, samples_path,
+                     lengths_path):
     device = torch.device("cpu")
     module = get_task(task)
     model, tokenizers, _ = checkpoint.load_trained(model_path, tokenizer_dir, device, task)
@@ -92,7 +97,7 @@ def evaluate_seq2seq(task, cfg: EvaluateConfig, data_dir, tokenizer_dir, model_p
         if beam_size > 1:
             metrics[name]["alpha"] = cfg.alpha
     if hasattr(module, "breakdown"):  # e.g. multi30k's BLEU by source length
-        metrics.update(module.breakdown(test["src"].tolist(), outputs["greedy"], references))
+        by_length = module.breakdown(test["src"].tolist(), outputs["greedy"], references)
     # Every test example; the report shows the first n and the worst n by the task's per-example score.
     samples = sample_rows(module, "test", test, outputs["greedy"])
     samples = samples.assign(first=test.index < cfg.n_samples,
@@ -102,10 +107,11 @@ def evaluate_seq2seq(task, cfg: EvaluateConfig, data_dir, tokenizer_dir, model_p
     if extra:
         frame = frames[extra]
         hypotheses = greedy_texts(model, encoded[extra], ids, tokenizers.target, cfg)
-        metrics.update(module.split_metrics(frame, hypotheses, test))
+        split_scores, by_length = module.split_metrics(frame, hypotheses, test)
+        metrics.update(split_scores)
         rows = sample_rows(module, extra, frame, hypotheses).assign(first=False, worst=False)
         samples = pd.concat([samples, rows], ignore_index=True)
-    write_outputs(metrics, samples, metrics_path, samples_path)
+    write_outputs(metrics, samples, by_length, metrics_path, samples_path, lengths_path)
     return metrics
 
 
@@ -120,38 +126,65 @@ def sample_rows(module, split: str, frame: pd.DataFrame, hypotheses: list[str]) 
 
 
 @torch.no_grad()
-def split_loss(model, ids: torch.Tensor, block_size: int, batch_size: int = 32) -> float:
-    """Mean next-token cross-entropy over a whole text (N,), N >= 2: every token after the first, predicted
-    within consecutive blocks of ``block_size`` targets (the last block the rest), each read from its start."""
+def position_losses(model, ids: torch.Tensor, block_size: int, batch_size: int = 32) -> tuple[torch.Tensor,
+                                                                                                  torch.Tensor]:
+    """Next-token cross-entropy summed, and counted, by position in the block (``block_size``,), over a whole
+    text (N,), N >= 2: every token after the first, predicted within consecutive blocks of ``block_size``
+    targets (the last block the rest), each read from its start. Position t reads t + 1 tokens."""
     targets = len(ids) - 1
     n_blocks = targets // block_size
     window = (torch.arange(n_blocks) * block_size)[:, None] + torch.arange(block_size + 1)  # (N, T + 1)
     chunks = list(window.split(batch_size))
     if targets % block_size:  # the tail, shorter than a block
         chunks.append(torch.arange(n_blocks * block_size, len(ids))[None])
-    total, device = 0.0, next(model.parameters()).device
+    totals, counts = torch.zeros(block_size, dtype=torch.float64), torch.zeros(block_size, dtype=torch.long)
+    device = next(model.parameters()).device
     for chunk in chunks:
         tokens = ids[chunk].to(device)  # (B, T + 1)
         logits = model(tokens[:, :-1])  # (B, T, V)
-        total += F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), tokens[:, 1:].reshape(-1),
-                                 reduction="sum").item()
-    return total / targets
+        losses = F.cross_entropy(logits.transpose(1, 2).float(), tokens[:, 1:], reduction="none")  # (B, T)
+        T = losses.size(1)
+        totals[:T] += losses.sum(0).double().cpu()
+        counts[:T] += losses.size(0)
+    return totals, counts
+
+
+def split_loss(model, ids: torch.Tensor, block_size: int, batch_size: int = 32) -> float:
+    """Mean next-token cross-entropy over a whole text (position_losses)."""
+    totals, counts = position_losses(model, ids, block_size, batch_size)
+    return (totals.sum() / counts.sum()).item()
+
+
+def scores(totals: torch.Tensor, counts: torch.Tensor, n_tokens: int, n_chars: int) -> dict:
+    """An LM's loss (nats a token), perplexity and bits per character on a text of ``n_chars`` characters,
+    ``n_tokens`` tokens, from position_losses."""
+    loss = (totals.sum() / counts.sum()).item()
+    return {"tokens": n_tokens, "loss": loss, "perplexity": perplexity(loss),
+            "bits_per_char": loss / math.log(2) / (n_chars / n_tokens)}
 
 
 def text_metrics(model, ids: torch.Tensor, n_chars: int, block_size: int) -> dict:
-    """An LM's loss (nats a token), perplexity and bits per character on a text of ``n_chars`` characters
-    encoded as ``ids`` (N,), N >= 2."""
-    loss = split_loss(model, ids, block_size)
-    return {"tokens": len(ids), "loss": loss, "perplexity": perplexity(loss),
-            "bits_per_char": loss / math.log(2) / (n_chars / len(ids))}
+    """scores() of a text of ``n_chars`` characters encoded as ``ids`` (N,), N >= 2."""
+    return scores(*position_losses(model, ids, block_size), len(ids), n_chars)
 
 
-def evaluate_lm(task, cfg: LMEvaluateConfig, data_dir, tokenizer_dir, model_path, metrics_path, samples_path):
+def loss_by_length(totals: torch.Tensor, counts: torch.Tensor) -> pd.DataFrame:
+    """The mean loss at each position that predicted a token, by the tokens of context it read (length, loss)."""
+    read = counts > 0
+    return pd.DataFrame({"length": (torch.arange(len(counts)) + 1)[read].tolist(),
+                         "loss": (totals[read] / counts[read]).tolist()})
+
+
+def evaluate_lm(task, cfg: LMEvaluateConfig, data_dir, tokenizer_dir, model_path, metrics_path, samples_path,
+                lengths_path):
     model, tokenizers, state = checkpoint.load_trained(model_path, tokenizer_dir, task=task)
     tokenizer = tokenizers.target
     text = read_text(data_dir, "valid")
-    scores = text_metrics(model, encode_text(tokenizer, text), len(text), state["block_size"])
-    metrics = {"n_valid_tokens": scores.pop("tokens"), **scores}
+    ids = encode_text(tokenizer, text)
+    totals, counts = position_losses(model, ids, state["block_size"])
+    metrics = scores(totals, counts, len(ids), len(text))
+    metrics = {"n_valid_tokens": metrics.pop("tokens"), **metrics}
+    by_length = loss_by_length(totals, counts)
     generator = torch.Generator().manual_seed(cfg.seed)
     rows = []
     for i, prompt in enumerate(cfg.prompts):
@@ -163,11 +196,11 @@ def evaluate_lm(task, cfg: LMEvaluateConfig, data_dir, tokenizer_dir, model_path
         tokens = sampled(model, prompt_ids, cfg.max_new_tokens, cfg.temperature, cfg.top_k, generator,
                          state["block_size"], cfg.top_p)
         rows.append({"prompt": prompt, "sample": "".join(continuation(tokenizer, prompt_ids, tokens))})
-    write_outputs(metrics, pd.DataFrame(rows), metrics_path, samples_path)
+    write_outputs(metrics, pd.DataFrame(rows), by_length, metrics_path, samples_path, lengths_path)
     return metrics
 
 
-def run(task, cfg, data_dir, tokenizer_path, model_path, metrics_path, samples_path) -> dict:
+def run(task, cfg, data_dir, tokenizer_path, model_path, metrics_path, samples_path, lengths_path) -> dict:
     """The evaluate stage, for the task's kind."""
     evaluate = evaluate_lm if get_task(task).KIND == "lm" else evaluate_seq2seq
-    return evaluate(task, cfg, data_dir, tokenizer_path, model_path, metrics_path, samples_path)
+    return evaluate(task, cfg, data_dir, tokenizer_path, model_path, metrics_path, samples_path, lengths_path)

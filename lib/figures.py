@@ -146,6 +146,17 @@ def plot_by_length(shares: dict[int, float], trained: tuple[int, int], out: Path
     plt.close(fig)
 
 
+def plot_loss_by_length(by_length: pd.DataFrame, out: Path):
+    """An LM's validation loss by the tokens of context read (columns length, loss)."""
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.plot(by_length["length"], by_length["loss"], "o-", markersize=2)
+    ax.set(xlabel="tokens of context read", ylabel="loss (nats per token)", title="Loss by context length")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
 def plot_bleu_by_length(bleu_by_length: dict, counts: dict, out: Path):
     """One bar per group of source lengths, labelled with its number of sentences."""
     groups = list(bleu_by_length)

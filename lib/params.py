@@ -2,6 +2,7 @@
 the sections of the stages after it checked before it starts."""
 
 from lib.config import STAGE_CONFIGS, STAGES, ConfigError, from_dict, largest_alpha, require
+from lib.sources import NothingToFetch
 from lib.tasks import check_task_name, get_task
 
 
@@ -19,7 +20,10 @@ def stage_config(params: dict, task: str, stage: str):
     if not isinstance(section, dict) or stage not in section:
         raise ConfigError(f"{task}.{stage}: missing section")
     module = get_task(task)
-    cls = module.PrepareConfig if stage == "prepare" else STAGE_CONFIGS[stage][module.KIND]
+    if stage == "fetch":
+        cls = getattr(module, "FetchConfig", NothingToFetch)
+    else:
+        cls = module.PrepareConfig if stage == "prepare" else STAGE_CONFIGS[stage][module.KIND]
     return from_dict(cls, section[stage], f"{task}.{stage}")
 
 
@@ -27,7 +31,7 @@ def check_stages_after(params: dict, task: str, stage: str):
     """The params of the stages after ``stage``, validated as each will validate its own, and what they ask of
     the model that train builds: so that a mistake in them is named before ``stage``'s work is done (a multi30k
     training of tens of minutes, then an evaluate section that fails). The stages before ``stage`` have run,
-    or their outputs came from elsewhere (``dvc pull``): their params, and a local source that prepare read, are
+    or their outputs came from elsewhere (``dvc pull``): their params, and a local source that fetch read, are
     not asked for."""
     try:
         # From ``stage`` on: its own section the stage has checked already, but train's is read below

@@ -4,6 +4,7 @@ Attention weights come from the model's own forward (returned, not stashed),
 on the CPU, from the trained weights: nothing is retrained.
 """
 
+import io
 import json
 import logging
 from pathlib import Path
@@ -17,7 +18,7 @@ from lib.config import ConfigError, flatten
 from lib.curves import CURVES, read_curves
 from lib.data import collate, read_split, read_text
 from lib.figures import (attention_maps, pair_heatmaps, plot_attention_grid, plot_bleu_by_length, plot_by_length,
-                         plot_losses, token_strings, visible)
+                         plot_loss_by_length, plot_losses, token_strings, visible)
 from lib.files import not_as_written
 from lib.tasks import TASKS, get_task
 from lib.tokenizer import encode_pairs, encode_text, special_ids
@@ -103,6 +104,32 @@ def read_samples(path: str | Path, kind: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def read_lengths(path: str | Path) -> pd.DataFrame:
+    """The evaluate stage's by_length.csv: a ``length`` column and the task's score by it, one row or more."""
+    path = Path(path)
+    try:
+        frame = pd.read_csv(io.StringIO(evaluate_text(path)))
+    except (pd.errors.ParserError, pd.errors.EmptyDataError) as err:
+        raise not_as_written(path, f"not a CSV table ({str(err).strip()})", "evaluate") from None
+    if "length" not in frame.columns or frame.empty or len(frame.columns) < 2:
+        raise not_as_written(path, f"columns {list(frame.columns)} and {len(frame)} rows, where the score by "
+                             "length has a length column, a score and a row or more", "evaluate")
+    return frame
+
+
+def losses_table(curves: dict) -> pd.DataFrame:
+    """losses.csv, the loss curves `dvc plots` overlays (step, split, loss): validation's every point, and the
+    training loss as the report draws it, a running mean over ~1% of the run, at 500 steps at most."""
+    train = curves["train/loss"]
+    window = max(1, len(train) // 100)
+    smooth = train.assign(value=train["value"].rolling(window, min_periods=1).mean())
+    smooth = smooth.iloc[::max(1, -(-len(smooth) // 500))]
+    parts = [smooth.assign(split="train")]
+    if curves["valid/loss"] is not None:
+        parts.append(curves["valid/loss"].assign(split="valid"))
+    return pd.concat(parts)[["step", "split", "value"]].rename(columns={"value": "loss"})
+
+
 def index_metrics(path: Path) -> dict:
     """A task's metrics for the index: another task's unreadable metrics.json is its own evaluate stage's to
     mend, so it leaves that task's row without figures, with a warning, rather than stopping this report."""
@@ -170,9 +197,10 @@ def breaking_section(module, model, tokenizers, by_length: dict, samples: pd.Dat
                                  rel, likeliest[0, :T], red)
 
 
-def seq2seq_sections(module, cfg, data_dir, tokenizers, model, metrics, samples, figures_dir: Path, rel: Path):
-    """``module``: the task's, which reads the breakdowns its evaluate stage wrote (cumsum's
-    by_length, multi30k's bleu_by_length)."""
+def seq2seq_sections(module, cfg, data_dir, tokenizers, model, metrics, samples, by_length: pd.DataFrame,
+                     figures_dir: Path, rel: Path):
+    """``module``: the task's, which reads the score by length its evaluate stage wrote (cumsum's exact match
+    by digits, multi30k's BLEU by source words)."""
     ids = special_ids(tokenizers)
     pairs = encode_pairs(tokenizers, read_split(data_dir, "test").head(cfg.n_attention_examples))  # the drawn ones
     examples = list(range(len(pairs)))
@@ -188,22 +216,22 @@ def seq2seq_sections(module, cfg, data_dir, tokenizers, model, metrics, samples,
         lines += [f"### Test example {i + 1}: `{' '.join(src)}`", ""]
         lines += pair_heatmaps(maps, batch, pairs, i, tokenizers, f"test example {i + 1}", str(i + 1), figures_dir,
                                rel)
-    if "by_length" in metrics:
+    if "exact_match" in by_length.columns:
+        shares = dict(zip(by_length["length"].astype(int), by_length["exact_match"]))
         train_lengths = read_split(data_dir, "train")["src"].str.split().str.len()
         trained = (train_lengths.min(), train_lengths.max())
-        plot_by_length(module.lengths_as_numbers(metrics["by_length"]), trained, figures_dir / "by_length.png")
+        plot_by_length(shares, trained, figures_dir / "by_length.png")
         lines += ["## Accuracy by sequence length", "",
                   "Exact-sequence match on held-out sequences of every length, including lengths "
                   f"longer than any seen in training ({trained[0]}-{trained[1]}). Most sequences of every length "
                   f"from {trained[0]} up to {metrics['exact_up_to_length']} come out exact (`exact_up_to_length`).",
                   "",
                   f"![accuracy by length]({rel}/by_length.png)", ""]
-        lines += breaking_section(module, model, tokenizers, metrics["by_length"], samples, trained, figures_dir,
+        lines += breaking_section(module, model, tokenizers, shares, samples, trained, figures_dir,
                                   rel)
-    if "bleu_by_length" in metrics:
-        test = samples[samples["split"] == "test"]
-        counts = test["source"].map(module.length_group).value_counts().to_dict()
-        plot_bleu_by_length(metrics["bleu_by_length"], counts, figures_dir / "bleu_by_length.png")
+    if "bleu" in by_length.columns:
+        plot_bleu_by_length(dict(zip(by_length["group"], by_length["bleu"])),
+                            dict(zip(by_length["group"], by_length["sentences"])), figures_dir / "bleu_by_length.png")
         lines += ["## BLEU by source length", "",
                   "Greedy sacreBLEU of the test sentences, grouped by the length of their source in words "
                   "(n: the sentences in a group).", "", f"![BLEU by source length]({rel}/bleu_by_length.png)", ""]
@@ -217,7 +245,7 @@ def seq2seq_sections(module, cfg, data_dir, tokenizers, model, metrics, samples,
 
 
 @torch.no_grad()
-def lm_sections(cfg, data_dir, tokenizers, model, samples, figures_dir: Path, rel: Path):
+def lm_sections(cfg, data_dir, tokenizers, model, samples, by_length: pd.DataFrame, figures_dir: Path, rel: Path):
     tokenizer = tokenizers.target
     ids = encode_text(tokenizer, read_text(data_dir, "valid"))[: cfg.passage_tokens]  # (T,)
     _, layers = model.forward_with_attention(ids[None])  # per layer (1, H, T, T)
@@ -228,33 +256,40 @@ def lm_sections(cfg, data_dir, tokenizers, model, samples, figures_dir: Path, re
     lines = ["## Self-attention", "",
              "Rows: the position predicting the next token; columns: the positions it reads. "
              "The upper triangle is empty: no position sees the future.", "",
-             f"![self-attention]({rel}/{name})", "", "## Samples", ""]
+             f"![self-attention]({rel}/{name})", ""]
+    plot_loss_by_length(by_length, figures_dir / "loss_by_length.png")
+    lines += ["## Loss by context length", "",
+              "Validation loss of the tokens predicted after reading 1, 2, ... tokens of their block: the "
+              "first few characters of a block are guessed almost blind.", "",
+              f"![loss by context length]({rel}/loss_by_length.png)", "", "## Samples", ""]
     for row in samples.itertuples():
         lines += [f"Prompt `{row.prompt!r}`:", "", "```", row.prompt + row.sample, "```", ""]
     return lines
 
 
-def run(task, cfg, data_dir, tokenizer_dir, model_path, metrics_path, samples_path, live_dir, report_path,
-        figures_dir):
+def run(task, cfg, data_dir, tokenizer_dir, model_path, metrics_path, samples_path, lengths_path, live_dir,
+        report_path, figures_dir, losses_path):
     """Draw the figures into a fresh directory and write report.md beside its place; then both go into
-    place together: an error or Ctrl-C half way (a full disk writing report.md too) leaves the previous
-    report and its figures as they were, and a report with fewer figures than the last leaves none of the
+    place together, with losses.csv: an error or Ctrl-C half way (a full disk writing report.md too) leaves
+    the previous report and its figures as they were, and a report with fewer figures than the last leaves none of the
     last's behind."""
     report_path, figures_dir = Path(report_path), Path(figures_dir)
     rel = figures_dir.relative_to(report_path.parent)
     with files.atomic_dir(figures_dir) as drawing:
         lines = report_lines(task, cfg, data_dir, tokenizer_dir, model_path, metrics_path, samples_path,
-                             Path(live_dir), drawing, rel)
-        with files.atomic_path(report_path) as tmp:
+                             lengths_path, Path(live_dir), drawing, rel)
+        with files.atomic_path(losses_path) as losses_tmp, files.atomic_path(report_path) as tmp:
+            losses_table(read_curves(Path(live_dir))).to_csv(losses_tmp, index=False)
             tmp.write_text("\n".join(lines))
     write_index(report_path.parent.parent)
 
 
-def report_lines(task, cfg, data_dir, tokenizer_dir, model_path, metrics_path, samples_path, live_dir: Path,
-                 figures_dir: Path, rel: Path) -> list[str]:
+def report_lines(task, cfg, data_dir, tokenizer_dir, model_path, metrics_path, samples_path, lengths_path,
+                 live_dir: Path, figures_dir: Path, rel: Path) -> list[str]:
     """report.md's lines, drawing its figures into ``figures_dir``, which the report links as ``rel``."""
     module = get_task(task)
     metrics, samples = read_metrics(metrics_path), read_samples(samples_path, module.KIND)
+    by_length = read_lengths(lengths_path)
     model, tokenizers, state = checkpoint.load_trained(model_path, tokenizer_dir, task=task)
     if module.KIND == "lm" and cfg.passage_tokens > state["block_size"]:  # checked before anything is drawn
         raise ConfigError(f"report.passage_tokens: {cfg.passage_tokens} is longer than the blocks the model "
@@ -283,7 +318,8 @@ def report_lines(task, cfg, data_dir, tokenizer_dir, model_path, metrics_path, s
         *([validation, ""] if validation else []),
     ]
     if module.KIND == "lm":
-        lines += lm_sections(cfg, data_dir, tokenizers, model, samples, figures_dir, rel)
+        lines += lm_sections(cfg, data_dir, tokenizers, model, samples, by_length, figures_dir, rel)
     else:
-        lines += seq2seq_sections(module, cfg, data_dir, tokenizers, model, metrics, samples, figures_dir, rel)
+        lines += seq2seq_sections(module, cfg, data_dir, tokenizers, model, metrics, samples, by_length,
+                                  figures_dir, rel)
     return lines

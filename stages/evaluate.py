@@ -1,15 +1,15 @@
-"""evaluate@<task>: score the trained model on the test split; write metrics and samples."""
+"""evaluate@<task>: score the trained model on the test split; write metrics, samples and the score by length."""
 
 from lib.cli import FILE, stage_main
 from lib.evaluation import run
 
 READS = ["data", "tokenizer", "model"]  # the paths the stage reads, as --options
-WRITES = {"metrics": FILE, "samples": FILE}  # and those it writes
+WRITES = {"metrics": FILE, "samples": FILE, "lengths": FILE}  # and those it writes
 
 
 def main(argv=None):
-    stage_main("evaluate", READS, WRITES,
-               lambda task, cfg, a: run(task, cfg, a.data, a.tokenizer, a.model, a.metrics, a.samples), argv)
+    stage_main("evaluate", READS, WRITES, lambda task, cfg, a: run(
+        task, cfg, a.data, a.tokenizer, a.model, a.metrics, a.samples, a.lengths), argv)
 
 
 if __name__ == "__main__":

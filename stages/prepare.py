@@ -1,14 +1,14 @@
-"""prepare@<task>: make or load the task's data splits into --out."""
+"""prepare@<task>: make the task's data splits, or read them from the files fetch put in --source, into --out."""
 
 from lib.cli import DIRECTORY, stage_main
 from lib.tasks import run_prepare
 
-READS = []  # the paths the stage reads, as --options
+READS = ["source"]  # the paths the stage reads, as --options
 WRITES = {"out": DIRECTORY}  # and those it writes
 
 
 def main(argv=None):
-    stage_main("prepare", READS, WRITES, lambda task, cfg, a: run_prepare(task, cfg, a.out), argv)
+    stage_main("prepare", READS, WRITES, lambda task, cfg, a: run_prepare(task, cfg, a.out, a.source), argv)
 
 
 if __name__ == "__main__":

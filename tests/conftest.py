@@ -1,10 +1,13 @@
 import contextlib
 import copy
+import functools
+import http.server
 import importlib
 import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -44,6 +47,32 @@ def check_rerunnable(outputs: dict[tuple[str, str], Path]):
         check_replaceable(path, HOLDS[stage, option], f"--{option}", stage)
 
 
+def fetch_and_prepare(task: str, fetch_cfg, prepare_cfg, out: Path) -> Path:
+    """The fetch stage, then prepare, as `dvc repro` runs them; the fetched files go beside ``out``."""
+    from lib.tasks import run_fetch, run_prepare
+
+    sources = out.with_name(out.name + "_sources")
+    run_fetch(task, fetch_cfg, sources)
+    run_prepare(task, prepare_cfg, out, sources)
+    return sources
+
+
+@contextlib.contextmanager
+def serving(directory: Path):
+    """A local HTTP server for ``directory``, standing in for a task's internet source; yields its URL."""
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):  # no line a request on stderr
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(directory)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def run_stage(stage: str, argv: list[str]) -> int:
     """``python -m stages.<stage> *argv``'s exit status, run in this process (the stage's main, as the command
     runs it): a command's own process spends most of a failing stage's 5 seconds importing torch. Its
@@ -70,6 +99,7 @@ def torch_compile_defaults():
 TINY_PARAMS = {
     "tasks": ["cumsum"],
     "cumsum": {
+        "fetch": {},
         "prepare": {"seed": 0, "min_length": 2, "max_length": 5, "n_train": 400, "n_valid": 40,
                     "n_test": 60, "vocab_length": 8, "n_per_length": 5},
         "tokenize": {"kind": "word", "min_frequency": 1},

@@ -127,11 +127,11 @@ def test_stage_command_fails_cleanly_and_writes_nothing(tmp_path, capsys, tiny_p
         tiny_params["tasks"] = ["shakespeare"]
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump(tiny_params))
-    outs = {"prepare": ["--out", "data"], "tokenize": ["--data", "data", "--out", "tok"],
+    outs = {"prepare": ["--source", "src", "--out", "data"], "tokenize": ["--data", "data", "--out", "tok"],
             "train": ["--data", "data", "--tokenizer", "tok", "--model", "model.pt",
                       "--checkpoints", "ckpt", "--live", "live"],
             "evaluate": ["--data", "data", "--tokenizer", "tok", "--model", "model.pt", "--metrics", "m.json",
-                         "--samples", "s.jsonl"]}[stage]
+                         "--samples", "s.jsonl", "--lengths", "l.csv"]}[stage]
     outs = [str(tmp_path / o) if not o.startswith("--") else o for o in outs]
     assert run_stage(stage, ["cumsum", *outs, "--params", str(params)]) == 2
     assert message in capsys.readouterr().err
@@ -145,7 +145,8 @@ def test_a_stage_path_starting_with_a_tilde_is_in_the_home_directory(tmp_path, m
     (tmp_path / "cwd").mkdir()
     monkeypatch.chdir(tmp_path / "cwd")  # where a literal "~" directory would come
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(tiny_params))
-    assert run_stage("prepare", ["cumsum", "--out=~/data", "--params=~/params.yaml"]) == 0
+    assert run_stage("fetch", ["cumsum", "--out=~/sources", "--params=~/params.yaml"]) == 0
+    assert run_stage("prepare", ["cumsum", "--source=~/sources", "--out=~/data", "--params=~/params.yaml"]) == 0
     assert run_stage("tokenize", ["cumsum", "--data", "~/data", "--out", "~/tok", "--params", "~/params.yaml"]) == 0
     assert (tmp_path / "data" / "train.parquet").is_file() and (tmp_path / "tok" / "tokenizer.json").is_file()
     assert list((tmp_path / "cwd").iterdir()) == []
@@ -159,19 +160,20 @@ CHANGED = " stage wrote; writing there would replace or change it (name a path o
     ("tokenize", {"data": "data", "out": "data"}, "--out data: is --data data" + LOST),
     ("tokenize", {"data": "data", "out": "."}, "--out .: holds --data data" + LOST),
     ("evaluate", {"data": "data", "tokenizer": "tok", "model": "model.pt", "metrics": "out.json",
-                  "samples": "out.json"}, "--metrics out.json: is --samples out.json" + LOST),
+                  "samples": "out.json", "lengths": "l.csv"}, "--metrics out.json: is --samples out.json" + LOST),
     ("evaluate", {"data": "data", "tokenizer": "tok", "model": "model.pt", "metrics": "params.yaml",
-                  "samples": "samples.jsonl"}, "--metrics params.yaml: is --params params.yaml" + LOST),
+                  "samples": "samples.jsonl", "lengths": "l.csv"}, "--metrics params.yaml: is --params params.yaml" + LOST),
     ("train", {"data": "data", "tokenizer": "tok", "model": "ckpt/model.pt", "checkpoints": "ckpt", "live": "live"},
      "--checkpoints ckpt: holds --model ckpt/model.pt" + LOST),
     ("train", {"data": "data", "tokenizer": "tok", "model": "model.pt", "checkpoints": "ckpt", "live": "link"},
      "--live link: is --data data" + LOST),
     ("evaluate", {"data": "data", "tokenizer": "tok", "model": "model.pt", "metrics": "metrics.json",
-                  "samples": "data/test.parquet"}, "--samples data/test.parquet: is in --data data, which the prepare"
+                  "samples": "data/test.parquet", "lengths": "l.csv"}, "--samples data/test.parquet: is in --data data, which the prepare"
      + CHANGED),
     ("tokenize", {"data": "data", "out": "link/tok"}, "--out link/tok: is in --data data, which the prepare" + CHANGED),
     ("report", {"data": "data", "tokenizer": "tok", "model": "model.pt", "metrics": "metrics.json",
-                "samples": "samples.jsonl", "live": "live", "out": "report.md", "figures": "tok/figures"},
+                "samples": "samples.jsonl", "lengths": "l.csv", "live": "live", "out": "report.md",
+                "figures": "tok/figures", "losses": "losses.csv"},
      "--figures tok/figures: is in --tokenizer tok, which the tokenize" + CHANGED),
 ])
 def test_a_stage_output_that_is_holds_or_is_in_another_of_its_paths_is_refused(tmp_path, monkeypatch, capsys,
@@ -183,7 +185,8 @@ def test_a_stage_output_that_is_holds_or_is_in_another_of_its_paths_is_refused(t
     every other path the stage is given, links followed, before any work; beside them is written."""
     monkeypatch.chdir(tmp_path)
     Path("params.yaml").write_text(yaml.safe_dump(tiny_params))
-    assert run_stage("prepare", ["cumsum", "--out", "data"]) == 0
+    assert run_stage("fetch", ["cumsum", "--out", "sources"]) == 0
+    assert run_stage("prepare", ["cumsum", "--source", "sources", "--out", "data"]) == 0
     (tmp_path / "link").symlink_to("data")
     before = {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()}
     argv = [part for name, path in paths.items() for part in (f"--{name}", path)]
@@ -194,7 +197,7 @@ def test_a_stage_output_that_is_holds_or_is_in_another_of_its_paths_is_refused(t
     assert (tmp_path / "tok" / "tokenizer.json").is_file()
 
 
-LM_PARAMS = {"prepare": {"source": "no/such/input.txt", "train_fraction": 0.9},  # a source train never reads
+LM_PARAMS = {"fetch": {"source": "no/such/input.txt"}, "prepare": {"train_fraction": 0.9},  # train never reads it
              "tokenize": {"kind": "char", "min_frequency": 1},
              "train": {"seed": 0, "device": "cpu", "max_iters": 4, "batch_size": 2, "block_size": 16,
                        "schedule": "cosine", "lr": 1e-3, "min_lr": 1e-4, "warmup": 1, "weight_decay": 0.1,
@@ -222,14 +225,14 @@ def test_a_later_stages_mistake_is_named_before_the_work_ahead_of_it(tmp_path, c
                                                                       section, key, value, message):
     """A mistake in evaluate's or report's params (or one they make with train's) failed only when that stage
     ran: after training, tens of minutes of it for multi30k. Each stage now checks those after it first; the
-    params of the stages before it (shakespeare's prepare source, not on this machine) are not asked for."""
+    params of the stages before it (shakespeare's fetch source, not on this machine) are not asked for."""
     tiny_params["tasks"], tiny_params["shakespeare"] = [task], copy.deepcopy(LM_PARAMS)
     tiny_params["cumsum"]["evaluate"]["beam_size"] = 2  # alpha is beam search's: greedy search has no penalty
     right = yaml.safe_dump(tiny_params)
     edit_params(tiny_params, section, key, value)
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump(tiny_params))
-    paths = {"prepare": ["--out"], "tokenize": ["--data", "--out"],
+    paths = {"prepare": ["--source", "--out"], "tokenize": ["--data", "--out"],
              "train": ["--data", "--tokenizer", "--model", "--checkpoints", "--live"]}[stage]
     argv = [part for option in paths for part in (option, str(tmp_path / option.strip("-")))]
     assert run_stage(stage, [task, *argv, "--params", str(params)]) == 2
@@ -252,16 +255,17 @@ def test_greedy_searchs_unused_alpha_is_not_held_against_it(tiny_params):
 
 def test_missing_local_source_is_named(tiny_params):
     tiny_params["tasks"] = ["shakespeare"]
-    tiny_params["shakespeare"] = {"prepare": {"source": "no/such/input.txt", "train_fraction": 0.9}}
-    with pytest.raises(ConfigError, match=r"shakespeare\.prepare\.source: no/such/input.txt: no such file"):
-        stage_config(tiny_params, "shakespeare", "prepare")
+    tiny_params["shakespeare"] = {"fetch": {"source": "no/such/input.txt"}, "prepare": {"train_fraction": 0.9}}
+    with pytest.raises(ConfigError, match=r"shakespeare\.fetch\.source: no/such/input.txt: no such file"):
+        stage_config(tiny_params, "shakespeare", "fetch")
 
 
 def test_params_file_that_is_not_yaml_is_named_by_line(tmp_path):
     params = tmp_path / "params.yaml"
     params.write_text("tasks: [cumsum\ncumsum:\n  prepare: {}\n")
-    result = subprocess.run([sys.executable, "-m", "stages.prepare", "cumsum", "--out", str(tmp_path / "data"),
-                             "--params", str(params)], cwd=ROOT, capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-m", "stages.prepare", "cumsum", "--source", str(tmp_path / "sources"),
+                             "--out", str(tmp_path / "data"), "--params", str(params)], cwd=ROOT, capture_output=True,
+                            text=True)
     assert result.returncode == 2
     assert f"prepare@cumsum: error: {params}: not valid YAML at line 2" in result.stderr
     assert "Traceback" not in result.stderr

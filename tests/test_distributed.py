@@ -75,11 +75,11 @@ def prepare(tmp_path, params: dict, task: str):
     """Write ``params`` to tmp_path/params.yaml and run the task's prepare and tokenize stages there."""
     from lib import tokenizer
     from lib.params import stage_config
-    from lib.tasks import run_prepare
+    from tests.conftest import fetch_and_prepare
 
     params_path = tmp_path / "params.yaml"
     params_path.write_text(yaml.safe_dump(params))
-    run_prepare(task, stage_config(params, task, "prepare"), tmp_path / "data")
+    fetch_and_prepare(task, stage_config(params, task, "fetch"), stage_config(params, task, "prepare"), tmp_path / "data")
     tokenizer.run(task, stage_config(params, task, "tokenize"), tmp_path / "data", tmp_path / "tok")
     return params_path
 
@@ -289,8 +289,8 @@ def test_only_the_train_stage_runs_under_torchrun(tmp_path):
     from tests.conftest import TINY_PARAMS
 
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(TINY_PARAMS))
-    code, stderr = torchrun(["-m", "stages.prepare", "cumsum", "--out", str(tmp_path / "data"), "--params",
-                             str(tmp_path / "params.yaml")], 2)
+    code, stderr = torchrun(["-m", "stages.prepare", "cumsum", "--source", str(tmp_path / "sources"), "--out",
+                             str(tmp_path / "data"), "--params", str(tmp_path / "params.yaml")], 2)
     assert code != 0
     said = [line for line in stderr.splitlines()  # less one torchrun stopped once the other had failed
             if line.startswith("prepare@cumsum") and not line.startswith("prepare@cumsum: terminated (SIGTERM)")]
@@ -345,7 +345,7 @@ def lm_runs(tmp_path_factory):
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     params["tasks"] = ["shakespeare"]
     lm = params["shakespeare"]
-    lm["prepare"]["source"] = str(tmp_path / "play.txt")
+    lm["fetch"] = {"source": str(tmp_path / "play.txt")}
     # fp32: under the default bf16 the half batches' products round otherwise than the whole batch's, and the
     # weights part by more than 1e-5 within 30 steps
     # Two batches a step: the first's backward runs under DDP's no_sync, the second's averages the sum.

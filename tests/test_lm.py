@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+import yaml
 
 from lib import device, evaluation, reporting, run, tokenizer, training
 from lib.config import (ConfigError, LMEvaluateConfig, LMReportConfig, LMTrainConfig, TokenizeConfig, from_dict,
@@ -19,13 +20,21 @@ from lib.decoding import sample, top_k_filter
 from transformer.model import TransformerLM
 from lib.training import weight_decay_groups
 from transformer.schedules import cosine_lr
-from lib.tasks import run_prepare, shakespeare
-from tests.conftest import ROOT, Terminal, check_rerunnable, model_config
+from lib.sources import sha256
+from lib.tasks import run_fetch, shakespeare
+from tests.conftest import ROOT, Terminal, check_rerunnable, fetch_and_prepare, model_config, serving
 
+SHARED_TEXT = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
 PLAY = "".join(
     f"{name}:\nWhat say you, {other}, to this {thing}?\nI say the {thing} is fair.\n\n"
     for name, other, thing in [("ROMEO", "friar", "night"), ("JULIET", "nurse", "day"), ("FRIAR", "boy", "rose")] * 12
 )
+
+
+def prepare_text(source, out: Path, sha256: str = "") -> Path:
+    """The fetch stage on ``source`` (a path or URL), then prepare, as `dvc repro` runs them."""
+    return fetch_and_prepare("shakespeare", shakespeare.FetchConfig(source=str(source), sha256=sha256),
+                             shakespeare.PrepareConfig(train_fraction=0.9), out)
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +44,9 @@ def lm_built(tmp_path_factory):
     source.write_text(PLAY)
     p = {"data": root / "data", "tok": root / "tok", "model": root / "model.pt", "ckpt": root / "ckpt",
          "live": root / "live", "metrics": root / "metrics.json", "samples": root / "samples.jsonl",
-         "report": root / "report.md", "figures": root / "figures", "source": source}
-    run_prepare("shakespeare", shakespeare.PrepareConfig(source=str(source), train_fraction=0.9), p["data"])
+         "report": root / "report.md", "figures": root / "figures", "source": source,
+         "lengths": root / "by_length.csv", "losses": root / "losses.csv"}
+    prepare_text(source, p["data"])
     tokenizer.run("shakespeare", TokenizeConfig(kind="char", min_frequency=1), p["data"], p["tok"])
     cfg = LMTrainConfig(seed=0, device="cpu", max_iters=60, batch_size=8, block_size=16, schedule="cosine", lr=3e-3,
                         min_lr=3e-4, warmup=10, weight_decay=0.1, beta2=0.99, clip_norm=1.0, eval_every=20,
@@ -46,9 +56,9 @@ def lm_built(tmp_path_factory):
     p["summary"] = training.run("shakespeare", cfg, p["data"], p["tok"], p["model"], p["ckpt"], p["live"])
     eval_cfg = LMEvaluateConfig(prompts=("ROMEO:\n", "JU"), max_new_tokens=30, temperature=0.8, top_k=5, seed=0)
     p["metrics_dict"] = evaluation.run("shakespeare", eval_cfg, p["data"], p["tok"], p["model"], p["metrics"],
-                                       p["samples"])
+                                       p["samples"], p["lengths"])
     reporting.run("shakespeare", LMReportConfig(passage_tokens=12), p["data"], p["tok"], p["model"], p["metrics"],
-                  p["samples"], p["live"], p["report"], p["figures"])
+                  p["samples"], p["lengths"], p["live"], p["report"], p["figures"], p["losses"])
     return p
 
 
@@ -189,9 +199,9 @@ def test_split_is_90_10_by_characters(lm_built):
 
 
 def test_missing_source_is_named():
-    with pytest.raises(ConfigError, match=r"source: nowhere/input.txt: no such file"):
-        from_dict(shakespeare.PrepareConfig, {"source": "nowhere/input.txt", "train_fraction": 0.9},
-                  "shakespeare.prepare")
+    with pytest.raises(ConfigError, match=r"^shakespeare\.fetch\.source: nowhere/input.txt: no such file \(give the "
+                                          r"text's URL, as params.yaml does, or a local copy\)$"):
+        from_dict(shakespeare.FetchConfig, {"source": "nowhere/input.txt"}, "shakespeare.fetch")
 
 
 def test_char_tokenizer_round_trips_spaces_and_newlines(lm_built):
@@ -299,7 +309,8 @@ def test_prompts_and_passage_that_the_model_cannot_take_are_named(lm_built, tmp_
     report, figures = tmp_path / "report.md", tmp_path / "figures"
     with pytest.raises(ConfigError, match=r"report\.passage_tokens: 17 is longer than .* \(train\.block_size 16\)"):
         reporting.run("shakespeare", LMReportConfig(passage_tokens=17), lm_built["data"], lm_built["tok"],
-                      lm_built["model"], lm_built["metrics"], lm_built["samples"], lm_built["live"], report, figures)
+                      lm_built["model"], lm_built["metrics"], lm_built["samples"], lm_built["lengths"], lm_built["live"],
+                      report, figures, tmp_path / "losses.csv")
     assert not report.exists() and not figures.exists() and not list(tmp_path.glob(".figures*"))
     out = tmp_path / "tok"
     with pytest.raises(ConfigError, match=r"shakespeare\.tokenize\.source_eos: applies to translation tasks"):
@@ -314,7 +325,8 @@ def test_an_evaluate_prompt_the_model_cannot_read_is_named_in_the_log(lm_built, 
     cfg = LMEvaluateConfig(prompts=("JU", "RO\u2019\u2603ME"), max_new_tokens=5, temperature=0.8, top_k=5, seed=0)
     metrics, samples = tmp_path / "metrics.json", tmp_path / "samples.jsonl"
     with caplog.at_level("WARNING", logger="lib.evaluation"):
-        evaluation.run("shakespeare", cfg, lm_built["data"], lm_built["tok"], lm_built["model"], metrics, samples)
+        evaluation.run("shakespeare", cfg, lm_built["data"], lm_built["tok"], lm_built["model"], metrics, samples,
+                       tmp_path / "by_length.csv")
     assert [r.getMessage() for r in caplog.records] == [
         "shakespeare.evaluate.prompts[1]: not in the model's vocabulary, read as <unk>: '\u2019\u2603'"]
     rows = pd.read_json(samples, lines=True, dtype=False)
@@ -322,8 +334,8 @@ def test_an_evaluate_prompt_the_model_cannot_read_is_named_in_the_log(lm_built, 
 
 
 @pytest.mark.parametrize("content, message", [
-    (b"", r"play.txt is empty"),
-    (b"ROMEO:\nO \xff\xfe night\n", r"shakespeare\.prepare\.source: .*play.txt: line 2: not UTF-8 \(byte 2\)"),
+    (b"", r"input.txt is empty"),
+    (b"ROMEO:\nO \xff\xfe night\n", r"shakespeare\.fetch\.source: .*input.txt: line 2: not UTF-8 \(byte 2\)"),
 ])
 def test_bad_source_is_named_and_nothing_is_written(tmp_path, content, message):
     source = tmp_path / "play.txt"
@@ -331,41 +343,43 @@ def test_bad_source_is_named_and_nothing_is_written(tmp_path, content, message):
     out = tmp_path / "data"
     out.mkdir()
     (out / "train.txt").write_text("an earlier, good split")
-    cfg = shakespeare.PrepareConfig(source=str(source), train_fraction=0.9)
     with pytest.raises(ConfigError, match=message):
-        run_prepare("shakespeare", cfg, out)
+        prepare_text(source, out)
     assert (out / "train.txt").read_text() == "an earlier, good split"  # the earlier output is kept
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "play.txt"]  # no temporary left behind
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "data_sources", "play.txt"]  # no temporary left
 
 
-def test_source_url_is_downloaded_and_an_unreachable_one_is_named(tmp_path):
-    """shakespeare.prepare.source as an http URL, served here by a local server: the same splits as the
-    local file (the byte-order mark some editors start a file with is not text); a missing page or a closed
-    port is one error naming the param, and nothing is written."""
-    import functools
-    import http.server
-    import threading
-
+def test_source_url_is_downloaded_checked_and_an_unreachable_one_is_named(tmp_path):
+    """shakespeare.fetch.source as an http URL, served here by a local server: the same splits as the
+    local file (the byte-order mark some editors start a file with is not text), its sha256 checked; a
+    missing page, a closed port or another sum is one error naming the param, and nothing is written."""
     served = tmp_path / "served"
     served.mkdir()
     (served / "play.txt").write_bytes("\ufeff".encode() + PLAY.encode())
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(served))
-    handler.log_message = lambda *args: None
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_port}"
-        run_prepare("shakespeare", shakespeare.PrepareConfig(source=f"{url}/play.txt", train_fraction=0.9),
-                    tmp_path / "data")
+    with serving(served) as url:
+        prepare_text(f"{url}/play.txt", tmp_path / "data", sha256(served / "play.txt"))
         assert (tmp_path / "data" / "train.txt").read_text() + (tmp_path / "data" / "valid.txt").read_text() == PLAY
         for source, reason in [(f"{url}/missing.txt", "HTTP Error 404"), ("http://127.0.0.1:9/play.txt", "refused")]:
-            with pytest.raises(ConfigError, match=rf"shakespeare\.prepare\.source: {source}: could not be "
-                                                  rf"downloaded \(.*{reason}.*\); without internet"):
-                run_prepare("shakespeare", shakespeare.PrepareConfig(source=source, train_fraction=0.9),
-                            tmp_path / "other")
+            with pytest.raises(ConfigError, match=rf"^shakespeare\.fetch\.source: could not download {source} "
+                                                  rf"\(.*{reason}.*\); without internet, point shakespeare\.fetch"
+                                                  rf"\.source at a local copy of the text: dvc exp run -S "):
+                run_fetch("shakespeare", shakespeare.FetchConfig(source=source), tmp_path / "other")
             assert not (tmp_path / "other").exists()
-    finally:
-        server.shutdown()
+        with pytest.raises(ConfigError, match=rf"^shakespeare\.fetch\.source: {url}/play\.txt: its sha256 is "
+                                              rf"{sha256(served / 'play.txt')}, not the published 1{{64}} "):
+            run_fetch("shakespeare", shakespeare.FetchConfig(source=f"{url}/play.txt", sha256="1" * 64),
+                      tmp_path / "other")
+    with pytest.raises(ConfigError, match=r"^shakespeare\.fetch\.source: .*play\.txt: its sha256 is [0-9a-f]{64}, "
+                                          r"not shakespeare\.fetch\.sha256 1{64} \(another text"):
+        run_fetch("shakespeare", shakespeare.FetchConfig(source=str(served / "play.txt"), sha256="1" * 64),
+                  tmp_path / "other")
+    assert not (tmp_path / "other").exists() and not list(tmp_path.glob(".other*"))
+
+
+@pytest.mark.skipif(not SHARED_TEXT.is_file(), reason="no ../shared/data/tinyshakespeare on this machine")
+def test_the_pinned_sum_is_that_of_the_text_nanogpt_reads():
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    assert params["shakespeare"]["fetch"]["sha256"] == sha256(SHARED_TEXT)
 
 
 def test_generate_continues_a_prompt(tmp_path, lm_built, capsys):
@@ -548,7 +562,7 @@ def test_a_language_model_loaded_from_python_samples_and_scores_as_the_command_l
 
 
 def test_a_path_starting_with_a_tilde_is_in_the_home_directory(tmp_path, lm_built, monkeypatch, capsys):
-    """shakespeare.prepare.source, lib.generate's path options and lib.inference.load read a leading ~ as
+    """shakespeare.fetch.source, lib.generate's path options and lib.inference.load read a leading ~ as
     the shell does, as the home directory: also where the shell leaves it (--models=~/models, from Python)."""
     from lib import generate
     from lib.inference import load
@@ -557,7 +571,7 @@ def test_a_path_starting_with_a_tilde_is_in_the_home_directory(tmp_path, lm_buil
     (tmp_path / "cwd").mkdir()
     monkeypatch.chdir(tmp_path / "cwd")  # where a literal "~" directory would come
     shutil.copyfile(lm_built["source"], tmp_path / "play.txt")
-    run_prepare("shakespeare", shakespeare.PrepareConfig(source="~/play.txt", train_fraction=0.9), tmp_path / "data")
+    prepare_text("~/play.txt", tmp_path / "data")
     assert (tmp_path / "data" / "valid.txt").read_text() == (lm_built["data"] / "valid.txt").read_text()
     models_dir(lm_built, tmp_path)
     run = ["--task", "shakespeare", "--models=~/models"]

@@ -3,6 +3,7 @@
 import fnmatch
 import gzip
 import io
+import json
 import os
 import re
 import shutil
@@ -23,8 +24,9 @@ from lib.config import ConfigError, ReportConfig
 from lib.params import stage_config
 from lib.data import read_split
 from lib.inference import Output, Translator, load
-from lib.tasks import multi30k, run_prepare
-from tests.conftest import ROOT, check_rerunnable
+from lib.sources import sha256
+from lib.tasks import multi30k, run_fetch
+from tests.conftest import ROOT, check_rerunnable, fetch_and_prepare, serving
 
 SHARED = ROOT.parent / "shared" / "data" / "multi30k"
 
@@ -51,7 +53,8 @@ def tiny_params(source: Path, src_lang="de", tgt_lang="en", joint=True) -> dict:
     return {
         "tasks": ["multi30k"],
         "multi30k": {
-            "prepare": {"source": str(source), "src_lang": src_lang, "tgt_lang": tgt_lang},
+            "fetch": {"source": str(source), "languages": ["de", "en"]},
+            "prepare": {"src_lang": src_lang, "tgt_lang": tgt_lang},
             "tokenize": {"kind": "bpe", "vocab_size": 120, "min_frequency": 1, "joint": joint},
             "train": {
                 "seed": 0, "device": "cpu", "epochs": 2, "max_tokens": 200, "lr_factor": 1.0, "warmup": 5,
@@ -70,6 +73,11 @@ def cfg(params, stage):
     return stage_config(params, "multi30k", stage)
 
 
+def prepare(params, out: Path) -> Path:
+    """fetch and prepare, as `dvc repro` runs them; the fetched files' directory."""
+    return fetch_and_prepare("multi30k", cfg(params, "fetch"), cfg(params, "prepare"), out)
+
+
 @pytest.fixture
 def corpus(tmp_path):
     return write_corpus(tmp_path / "raw")
@@ -81,7 +89,7 @@ def test_local_loader_reads_every_split_nfc_and_stripped(tmp_path, corpus):
     english = [ENGLISH[0], ENGLISH[1].replace(" ", "\x0c", 1)] + ENGLISH[2:]
     write_corpus(corpus, {"val.de": [decomposed] + GERMAN[1:],
                           "val.en": "\ufeff".encode() + "".join(line + "\r\n" for line in english).encode()})
-    run_prepare("multi30k", cfg(tiny_params(corpus), "prepare"), tmp_path / "data")
+    prepare(tiny_params(corpus), tmp_path / "data")
     splits = {s: pd.read_parquet(tmp_path / "data" / f"{s}.parquet") for s in ("train", "valid", "test")}
     assert [len(f) for f in splits.values()] == [60, 6, 6]
     assert list(splits["train"].columns) == ["src", "tgt"]
@@ -91,7 +99,7 @@ def test_local_loader_reads_every_split_nfc_and_stripped(tmp_path, corpus):
 
 
 def test_two_params_turn_it_into_english_to_german(tmp_path, corpus):
-    run_prepare("multi30k", cfg(tiny_params(corpus, "en", "de"), "prepare"), tmp_path / "data")
+    prepare(tiny_params(corpus, "en", "de"), tmp_path / "data")
     train = pd.read_parquet(tmp_path / "data" / "train.parquet")
     assert train["src"][0] == ENGLISH[0] and train["tgt"][0] == GERMAN[0]
 
@@ -104,53 +112,138 @@ def test_two_params_turn_it_into_english_to_german(tmp_path, corpus):
 ])
 def test_bad_data_is_named_and_leaves_the_earlier_data(tmp_path, corpus, override, message):
     out = tmp_path / "data"
-    run_prepare("multi30k", cfg(tiny_params(corpus), "prepare"), out)
+    prepare(tiny_params(corpus), out)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     write_corpus(corpus, override)
     with pytest.raises(ValueError, match=message):
-        run_prepare("multi30k", cfg(tiny_params(corpus), "prepare"), out)
+        prepare(tiny_params(corpus), out)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no half-written directory
 
 
-def test_missing_file_fails_the_stage_with_one_line(tmp_path, corpus):
+def test_missing_file_fails_the_fetch_stage_with_one_line(tmp_path, corpus):
     (corpus / "val.en.gz").unlink()
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump(tiny_params(corpus)))
-    result = subprocess.run([sys.executable, "-m", "stages.prepare", "multi30k", "--out", str(tmp_path / "data"),
+    result = subprocess.run([sys.executable, "-m", "stages.fetch", "multi30k", "--out", str(tmp_path / "sources"),
                              "--params", str(params)], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 2
-    assert result.stderr.strip().endswith("val.en.gz: missing (multi30k.prepare.source must hold the raw task-1 files)")
-    assert "Traceback" not in result.stderr and not (tmp_path / "data").exists()
+    assert result.stderr.strip().endswith("val.en.gz: missing (multi30k.fetch.source must hold the raw task-1 files "
+                                          "of multi30k.fetch.languages ['de', 'en'])")
+    assert "Traceback" not in result.stderr and not (tmp_path / "sources").exists()
 
 
-def test_hub_source_maps_language_columns(monkeypatch, tmp_path):
-    import datasets
+@pytest.mark.parametrize("damage", ["cut", "flipped", "plain"])
+def test_a_damaged_gzip_file_is_named(tmp_path, corpus, damage):
+    packed = (corpus / "train.en.gz").read_bytes()
+    broken = {"cut": packed[:len(packed) // 2],
+              "flipped": packed[:-6] + bytes([packed[-6] ^ 0xFF]) + packed[-5:],  # the CRC-32 no longer matches
+              "plain": b"A man rides a bike.\n"}[damage]
+    (corpus / "train.en.gz").write_bytes(broken)
+    with pytest.raises(ValueError, match=r"train\.en\.gz: not a whole gzip file \("):
+        prepare(tiny_params(corpus), tmp_path / "data")
+    assert not (tmp_path / "data").exists()
 
-    rows = {"de": GERMAN, "en": ENGLISH}
-    fake = {split: rows for split in ("train", "validation", "test")}
-    monkeypatch.setattr(datasets, "load_dataset", lambda name: fake)
-    run_prepare("multi30k", cfg(tiny_params("bentrevett/multi30k"), "prepare"), tmp_path / "data")
-    valid = pd.read_parquet(tmp_path / "data" / "valid.parquet")
-    assert valid["src"].tolist() == GERMAN and valid["tgt"].tolist() == ENGLISH
+
+def test_a_download_is_checked_against_the_published_sums(tmp_path, corpus, monkeypatch):
+    """A URL source downloads each raw file and checks its sha256 (here the tiny corpus's, standing in for the
+    published ones): the same data as the local copy. A file whose sum differs, or one the server lacks, is
+    one error naming the URL, and leaves nothing behind, not even the files that did match."""
+    sums = {path.name: sha256(path) for path in corpus.iterdir()}
+    monkeypatch.setattr(multi30k, "SHA256", sums)
+    with serving(corpus) as url:
+        prepare(tiny_params(url), tmp_path / "downloaded")
+        prepare(tiny_params(corpus), tmp_path / "copied")
+        for split in ("train", "valid", "test"):
+            assert read_split(tmp_path / "downloaded", split).equals(read_split(tmp_path / "copied", split))
+        manifest = json.loads((tmp_path / "downloaded_sources" / "manifest.json").read_text())
+        assert manifest == {"source": url, "files": sums}
+        monkeypatch.setitem(sums, "val.en.gz", "0" * 64)
+        with pytest.raises(ConfigError, match=rf"^multi30k\.fetch\.source: {url}/val\.en\.gz: its sha256 is "
+                                              rf"{sha256(corpus / 'val.en.gz')}, not the published 0{{64}} "):
+            run_fetch("multi30k", cfg(tiny_params(url), "fetch"), tmp_path / "checked")
+        monkeypatch.setitem(sums, "val.en.gz", sha256(corpus / "val.en.gz"))
+        (corpus / "test_2016_flickr.de.gz").unlink()
+        with pytest.raises(ConfigError, match=rf"could not download {url}/test_2016_flickr\.de\.gz \(HTTP Error 404"):
+            run_fetch("multi30k", cfg(tiny_params(url), "fetch"), tmp_path / "checked")
+    assert not (tmp_path / "checked").exists() and not list(tmp_path.glob(".checked*"))
 
 
-def test_unreachable_hub_is_a_clear_error(monkeypatch, tmp_path):
-    import datasets
+def test_offline_the_fetch_stage_says_what_to_do_in_one_line(tmp_path):
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(tiny_params("http://127.0.0.1:9/multi30k")))  # a closed port
+    result = subprocess.run([sys.executable, "-m", "stages.fetch", "multi30k", "--out", str(tmp_path / "sources"),
+                             "--params", str(params)], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "fetch@multi30k: error: multi30k.fetch.source: could not download http://127.0.0.1:9/multi30k/train.de.gz "
+        "(Connection refused); without internet, point multi30k.fetch.source at a local directory holding the raw "
+        "task-1 files: dvc exp run -S multi30k.fetch.source=/path/to/copy")
+    assert not (tmp_path / "sources").exists()
 
-    def offline(name):
-        raise ConnectionError("no internet")
 
-    monkeypatch.setattr(datasets, "load_dataset", offline)
-    with pytest.raises(ConfigError, match=r"multi30k\.prepare\.source: 'someone/multi30k' is not a local directory"):
-        run_prepare("multi30k", cfg(tiny_params("someone/multi30k"), "prepare"), tmp_path / "data")
+@pytest.mark.skipif(not SHARED.is_dir(), reason="no ../shared/data/multi30k on this machine")
+def test_the_pinned_sums_are_those_of_the_official_files():
+    """The team's local copy is the official files (git blob ids checked against github.com/multi30k/dataset)."""
+    for path in sorted(SHARED.glob("*.gz")):
+        assert multi30k.SHA256[path.name] == sha256(path), path.name
+
+
+def hub_folder(root: Path, languages=("de", "en")) -> Path:
+    """A local data set in the hub's shape: train/validation/test JSON-lines files, a column per language."""
+    root.mkdir()
+    sizes = {"train": 12, "validation": 6, "test": 6}
+    for split, n in sizes.items():
+        rows = [{lang: {"de": GERMAN, "en": ENGLISH}[lang][i % 6] for lang in languages} for i in range(n)]
+        (root / f"{split}.jsonl").write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+    return root
+
+
+def test_a_hub_shaped_folder_goes_through_datasets(tmp_path, monkeypatch):
+    """Through datasets.load_dataset itself: each split's language columns, in order; a language the data
+    set lacks is named with those it has, and a pair that was not fetched names the param to add it to."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # its cache, not the user's
+    folder = hub_folder(tmp_path / "hub")
+    prepare(tiny_params(folder, "en", "de"), tmp_path / "data")
+    valid = read_split(tmp_path / "data", "valid")
+    assert valid["src"].tolist() == ENGLISH and valid["tgt"].tolist() == GERMAN
+    assert len(read_split(tmp_path / "data", "train")) == 12
+    params = tiny_params(folder)
+    params["multi30k"]["fetch"]["languages"] = ["de", "fr"]
+    with pytest.raises(ConfigError, match=r"^multi30k\.fetch\.languages: 'fr' is not in .*hub \(its train split "
+                                          r"has: de, en\)$"):
+        run_fetch("multi30k", cfg(params, "fetch"), tmp_path / "other")
+    params = tiny_params(folder, "fr", "en")
+    with pytest.raises(ConfigError, match=r"^multi30k\.prepare\.src_lang: 'fr' was not fetched \(the source files "
+                                          r"hold de, en\): add it to multi30k\.fetch\.languages$"):
+        prepare(params, tmp_path / "other")
+    assert not (tmp_path / "other").exists()
+
+
+def test_an_unreachable_hub_data_set_is_one_line_naming_it(tmp_path):
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(tiny_params("someone/multi30k@0123abc")))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    result = subprocess.run([sys.executable, "-m", "stages.fetch", "multi30k", "--out", str(tmp_path / "sources"),
+                             "--params", str(params)], cwd=ROOT, capture_output=True, text=True, env=env)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith("fetch@multi30k: error: multi30k.fetch.source: could not load 'someone/multi30k@0123abc' "
+                           "as a Hugging Face data set (") and line.endswith("dvc exp run -S multi30k.fetch.source="
+                                                                             "/path/to/copy")
+
+
+def test_a_missing_local_directory_names_the_ways_to_give_one(tmp_path):
+    with pytest.raises(ConfigError, match=r"^multi30k\.fetch\.source: \.\./nowhere/multi30k: no such directory "
+                                          r"\(give the raw files' URL"):
+        run_fetch("multi30k", cfg(tiny_params("../nowhere/multi30k"), "fetch"), tmp_path / "sources")
 
 
 @pytest.mark.parametrize("joint, split_punctuation", [(True, False), (False, False), (True, True)])
 def test_bpe_round_trips_and_specials_come_from_the_artifact(tmp_path, corpus, joint, split_punctuation):
     params = tiny_params(corpus, joint=joint)
     params["multi30k"]["tokenize"]["split_punctuation"] = split_punctuation
-    run_prepare("multi30k", cfg(params, "prepare"), tmp_path / "data")
+    prepare(params, tmp_path / "data")
     tokenizer.run("multi30k", cfg(params, "tokenize"), tmp_path / "data", tmp_path / "tok")
     files = sorted(p.name for p in (tmp_path / "tok").iterdir())
     assert files == (["tokenizer.json"] if joint else ["source.json", "target.json"])
@@ -188,8 +281,10 @@ def test_bleu_by_source_length_groups_sentences_by_their_words():
     # The first group's BLEU is the corpus BLEU of its two sentences alone.
     hypotheses = ["the cat sat on a mat", "a b c d", "x y z w v"]
     references = ["the cat sat on the mat", "a b c d", "x y z w v"]
-    groups = multi30k.breakdown(sources, hypotheses, references)["bleu_by_length"]
-    assert list(groups) == ["01-07", "17+"] == sorted(groups)  # empty groups left out; dvc sorts as text
+    table = multi30k.breakdown(sources, hypotheses, references)
+    assert table["group"].tolist() == ["01-07", "17+"] and table["length"].tolist() == [1, 17]  # empty ones left out
+    assert table["sentences"].tolist() == [2, 1]
+    groups = dict(zip(table["group"], table["bleu"]))
     assert groups["01-07"] == pytest.approx(multi30k.score(hypotheses[:2], references[:2])["bleu"])
     assert groups["17+"] == pytest.approx(100.0)
 
@@ -198,7 +293,7 @@ def build(tmp_path, params, name="run"):
     paths = (tmp_path / "data", tmp_path / "tok", tmp_path / name / "model.pt", tmp_path / name / "ckpt",
              tmp_path / name / "live")
     if not paths[0].exists():
-        run_prepare("multi30k", cfg(params, "prepare"), paths[0])
+        prepare(params, paths[0])
         tokenizer.run("multi30k", cfg(params, "tokenize"), paths[0], paths[1])
     return paths
 
@@ -217,7 +312,7 @@ def test_trains_evaluates_and_ties_embeddings(tmp_path, corpus, joint):
     params["multi30k"]["evaluate"]["beam_size"] = 3
     reports = tmp_path / "reports" / "multi30k"
     metrics = evaluation.run("multi30k", cfg(params, "evaluate"), paths[0], paths[1], paths[2],
-                             reports / "metrics.json", reports / "samples.jsonl")
+                             reports / "metrics.json", reports / "samples.jsonl", reports / "by_length.csv")
     assert {"bleu", "chrf", "bleu_signature", "seconds"} <= set(metrics["greedy"]) <= set(metrics["beam3"])
     assert metrics["valid_perplexity"] > 1.0
     # Whose fault the wrong outputs are, recomputed through lib.inference: each search is judged as it ranks,
@@ -231,15 +326,18 @@ def test_trains_evaluates_and_ties_embeddings(tmp_path, corpus, joint):
                   for f, r in zip(found, translator.score(sources, references, alpha))]
         assert metrics[search]["search_errors"] == pytest.approx(sum(missed) / len(sources)), search
     reporting.run("multi30k", ReportConfig(n_attention_examples=2), paths[0], paths[1], paths[2],
-                  reports / "metrics.json", reports / "samples.jsonl", paths[4], reports / "report.md",
-                  reports / "figures")
+                  reports / "metrics.json", reports / "samples.jsonl", reports / "by_length.csv", paths[4],
+                  reports / "report.md", reports / "figures", reports / "losses.csv")
     text = (reports / "report.md").read_text()
     assert "| greedy" in text and "| beam3" in text and "bleu signature" in text  # searches side by side
     alpha_row = next(line for line in text.splitlines() if line.startswith("| alpha"))
     assert alpha_row.split("|")[3].strip() == f"{metrics['beam3']['alpha']:.4f}"  # beam's own score, greedy's blank
     links = [line.split("](")[1].rstrip(")") for line in text.splitlines() if line.startswith("![")]
     assert len(links) == 1 + 2 * 3 + 1  # curves, 3 heatmaps per attention example, BLEU by source length
-    assert list(metrics["bleu_by_length"]) == ["01-07"]  # the tiny corpus's sentences have 4-6 words
+    by_length = pd.read_csv(reports / "by_length.csv")  # the tiny corpus's sentences have 4-6 words:
+    assert by_length.to_dict("list") == {"group": ["01-07"], "length": [1], "sentences": [6],
+                                         "bleu": [metrics["greedy"]["bleu"]]}
+    assert not any("by_length" in key for key in metrics)  # a plot, not a metric each
     for link in links:
         assert (reports / link).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "[multi30k](multi30k/report.md)" in (tmp_path / "reports" / "index.md").read_text()
@@ -282,7 +380,7 @@ def test_average_weights_is_the_elementwise_mean(tmp_path):
 def test_real_multi30k_loads_and_bpe_round_trips(tmp_path):
     params = tiny_params(SHARED)
     params["multi30k"]["tokenize"] = yaml.safe_load((ROOT / "params.yaml").read_text())["multi30k"]["tokenize"]
-    run_prepare("multi30k", cfg(params, "prepare"), tmp_path / "data")
+    prepare(params, tmp_path / "data")
     sizes = {s: len(pd.read_parquet(tmp_path / "data" / f"{s}.parquet")) for s in ("train", "valid", "test")}
     assert sizes == {"train": 29000, "valid": 1014, "test": 1000}
     toks = tokenizer.run("multi30k", cfg(params, "tokenize"), tmp_path / "data", tmp_path / "tok")
@@ -635,7 +733,7 @@ def test_a_translator_reads_input_as_the_data_was_prepared_up_to_its_max_len(tra
 
 
 def test_a_path_starting_with_a_tilde_is_in_the_home_directory(tmp_path, trained, monkeypatch, capsys):
-    """multi30k.prepare.source ~/raw is the home directory's raw files, not a hub data set of that name; a
+    """multi30k.fetch.source ~/raw is the home directory's raw files, not a hub data set of that name; a
     translation's --input, --models and --output read ~ as the home directory too, also where the shell leaves
     it (--input=~/in.txt)."""
     from lib import generate
@@ -643,7 +741,7 @@ def test_a_path_starting_with_a_tilde_is_in_the_home_directory(tmp_path, trained
     monkeypatch.setenv("HOME", str(tmp_path))
     (tmp_path / "cwd").mkdir()
     monkeypatch.chdir(tmp_path / "cwd")  # where a literal "~" directory would come
-    run_prepare("multi30k", cfg(tiny_params("~/raw"), "prepare"), tmp_path / "home_data")
+    prepare(tiny_params("~/raw"), tmp_path / "home_data")
     assert pd.read_parquet(tmp_path / "home_data" / "test.parquet")["tgt"].tolist() == ENGLISH[:6]
     (tmp_path / "in.txt").write_text(GERMAN[1] + "\n", encoding="utf-8")
     generate.main(["--task", "multi30k", "--models=~/models/multi30k", "--input=~/in.txt", "--output=~/out.txt"])

@@ -1,5 +1,6 @@
 """One real `dvc repro` of the whole pipeline on tiny params, in a temporary git repo."""
 
+import json
 import os
 import re
 import shutil
@@ -82,15 +83,18 @@ def test_dvc_repro_end_to_end(tmp_path):
     sh("git", "init", "-q", cwd=repo, env=env)
     sh(dvc, "init", "-q", cwd=repo, env=env)
     sh(dvc, "config", "core.analytics", "false", cwd=repo, env=env)
+    shutil.copytree(ROOT / ".dvc" / "plots", repo / ".dvc" / "plots")  # the train/validation loss template
     sh("git", "add", "-A", cwd=repo, env=env)
     sh("git", "commit", "-qm", "tiny pipeline", cwd=repo, env=env)
 
     first = sh(dvc, "repro", cwd=repo, env=env)
-    assert stages_run(first) == {f"{s}@cumsum" for s in ("prepare", "tokenize", "train", "evaluate", "report")}
-    for path in ("data/cumsum/train.parquet", "models/cumsum/tokenizer/tokenizer.json", "models/cumsum/model.pt",
-                 "reports/cumsum/metrics.json", "reports/cumsum/samples.jsonl", "reports/cumsum/report.md",
-                 "reports/cumsum/figures/loss.png", "reports/cumsum/figures/cross_attention_1.png",
-                 "reports/cumsum/figures/by_length.png", "reports/index.md"):
+    assert stages_run(first) == {f"{s}@cumsum" for s in ("fetch", "prepare", "tokenize", "train", "evaluate",
+                                                           "report")}
+    for path in ("sources/cumsum/manifest.json", "data/cumsum/train.parquet", "models/cumsum/tokenizer/tokenizer.json",
+                 "models/cumsum/model.pt", "reports/cumsum/metrics.json", "reports/cumsum/samples.jsonl",
+                 "reports/cumsum/report.md", "reports/cumsum/figures/loss.png",
+                 "reports/cumsum/figures/cross_attention_1.png", "reports/cumsum/figures/by_length.png",
+                 "reports/index.md"):
         assert (repo / path).is_file(), path
 
     assert code_not_in_deps(loaded, repo) == {}
@@ -99,17 +103,34 @@ def test_dvc_repro_end_to_end(tmp_path):
     assert stages_run(second) == set()
     assert "up to date" in sh(dvc, "status", cwd=repo, env=env)
 
-    params = yaml.safe_load((repo / "params.yaml").read_text())
-    params["cumsum"]["evaluate"]["n_samples"] = 5
-    (repo / "params.yaml").write_text(yaml.safe_dump(params))
-    third = sh(dvc, "repro", cwd=repo, env=env)
-    assert stages_run(third) == {"evaluate@cumsum", "report@cumsum"}
+    # The small metrics and plot tables are git's (cache: false), the rest DVC's: committed, a fresh clone
+    # (no DVC cache, no remote) shows the baseline's metrics, and diffs them
+    sh("git", "add", "-A", cwd=repo, env=env)
+    sh("git", "commit", "-qm", "baseline", cwd=repo, env=env)
+    assert sh("git", "ls-files", "reports", cwd=repo, env=env).split() == [
+        f"reports/cumsum/{name}" for name in ("by_length.csv", "losses.csv", "metrics.json", "train/metrics.json")]
+    clone = tmp_path / "clone"
+    sh("git", "clone", "-q", str(repo), str(clone), cwd=tmp_path, env=env)
+    shown = json.loads(sh(dvc, "exp", "show", "--json", cwd=clone, env=env))
+    baseline = next(row for row in shown if row["rev"] == "workspace")["data"]["metrics"]
+    assert baseline["reports/cumsum/metrics.json"]["data"] == json.loads(
+        (repo / "reports/cumsum/metrics.json").read_text())
+    assert "step" in baseline["reports/cumsum/train/metrics.json"]["data"]
+    sh(dvc, "metrics", "diff", "HEAD~1", cwd=clone, env=env)  # the commit before had none: all new
 
+    # An experiment that redraws the report: its figures and loss chart beside the baseline's
+    third = sh(dvc, "exp", "run", "-n", "fewer", "-S", "cumsum.evaluate.n_samples=5", cwd=repo, env=env)
+    assert stages_run(third) == {"evaluate@cumsum", "report@cumsum"}
     metrics = sh(dvc, "metrics", "show", cwd=repo, env=env)
-    assert "greedy.exact_match" in metrics and "valid.loss" in metrics
-    sh(dvc, "plots", "show", "-o", str(tmp_path / "plots"), cwd=repo, env=env)
-    page = (tmp_path / "plots" / "index.html").read_text()
-    assert "train/loss.tsv" in page and "valid/loss.tsv" in page
+    assert "greedy.exact_match" in metrics and "valid.loss" in metrics and "by_length" not in metrics
+    plots = json.loads(sh(dvc, "plots", "show", "--json", cwd=repo, env=env))
+    assert not plots.get("errors")
+    losses = plots["data"]["reports/cumsum/losses.csv"][0]["content"]
+    assert {row["split"] for row in losses["data"]["values"]} == {"train", "valid"}  # one chart, both
+    diff = json.loads(sh(dvc, "plots", "diff", "HEAD", "fewer", "--json", cwd=repo, env=env))["data"]
+    assert [image["revisions"] for image in diff["reports/cumsum/figures/loss.png"]] == [["HEAD"], ["fewer"]]
+    assert sorted(losses_rev["rev"] for losses_rev in diff["reports/cumsum/losses.csv"][0]["content"]["data"]["values"]
+                  if losses_rev["step"] == "1" and losses_rev["split"] == "train") == ["HEAD", "fewer"]
 
 
 @pytest.mark.parametrize("task", ["cumsum", "multi30k", "shakespeare"])

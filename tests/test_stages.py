@@ -33,7 +33,7 @@ from lib.data import collate, read_split, read_text, token_budget_batches
 from transformer.masks import padding_mask, target_mask
 from transformer.model import build_model, parameter_counts
 from transformer.loss import smoothed_loss_floor
-from lib.tasks import cumsum, run_prepare
+from lib.tasks import cumsum, run_fetch, run_prepare
 from tests.conftest import (ROOT, TINY_PARAMS, Terminal, check_rerunnable, model_config, run_stage, shorten_splits,
                             torch_compile_defaults)
 
@@ -49,17 +49,19 @@ def built(tmp_path_factory):
         "model": root / "models" / "model.pt", "checkpoints": root / "models" / "checkpoints",
         "live": root / "reports" / "cumsum" / "train", "metrics": root / "reports" / "cumsum" / "metrics.json",
         "samples": root / "reports" / "cumsum" / "samples.jsonl", "report": root / "reports" / "cumsum" / "report.md",
-        "figures": root / "reports" / "cumsum" / "figures",
+        "figures": root / "reports" / "cumsum" / "figures", "lengths": root / "reports" / "cumsum" / "by_length.csv",
+        "losses": root / "reports" / "cumsum" / "losses.csv", "sources": root / "sources",
     }
     cfg = lambda stage: stage_config(params, "cumsum", stage)  # noqa: E731
-    run_prepare("cumsum", cfg("prepare"), p["data"])
+    run_fetch("cumsum", cfg("fetch"), p["sources"])
+    run_prepare("cumsum", cfg("prepare"), p["data"], p["sources"])
     tokenizer.run("cumsum", cfg("tokenize"), p["data"], p["tokenizer"])
     p["summary"] = training.run("cumsum", cfg("train"), p["data"], p["tokenizer"], p["model"],
                                 p["checkpoints"], p["live"])
     p["scores"] = evaluation.run("cumsum", cfg("evaluate"), p["data"], p["tokenizer"], p["model"],
-                                 p["metrics"], p["samples"])
+                                 p["metrics"], p["samples"], p["lengths"])
     reporting.run("cumsum", cfg("report"), p["data"], p["tokenizer"], p["model"], p["metrics"], p["samples"],
-                  p["live"], p["report"], p["figures"])
+                  p["lengths"], p["live"], p["report"], p["figures"], p["losses"])
     return p
 
 
@@ -129,15 +131,17 @@ def test_evaluate_writes_metrics_and_samples(built):
     assert len(test) == 60 and test["first"].tolist() == [True] * 10 + [False] * 50  # every test example
     worst = test[test["worst"]]["score"]
     assert len(worst) == 10 and worst.max() <= test[~test["worst"]]["score"].min()
-    assert sorted(metrics["by_length"], key=int) == [str(n) for n in range(1, 9)]  # 1..vocab_length
+    by_length = pd.read_csv(built["lengths"])  # a plot's table, not 8 metrics
+    assert list(by_length.columns) == ["length", "exact_match"] and not any("by_length" in key for key in metrics)
+    assert by_length["length"].tolist() == list(range(1, 9))  # 1..vocab_length
     # Every length-study sequence, with the output by_length scored: its shares come back from the rows.
     assert len(study) == len(read_split(built["data"], "lengths"))
     assert not study["first"].any() and not study["worst"].any()  # the report's tables are test examples
     assert (study["correct"] == (study["greedy"] == study["reference"])).all()
-    by_length = study.groupby(study["source"].str.split().str.len())["correct"].mean()
-    assert {f"{n}": share for n, share in by_length.items()} == metrics["by_length"]
+    shares = study.groupby(study["source"].str.split().str.len())["correct"].mean()
+    assert shares.tolist() == by_length["exact_match"].tolist()
     trained = test["source"].str.split().str.len()  # test sequences have the trained lengths
-    assert metrics["exact_up_to_length"] == cumsum.exact_up_to(metrics["by_length"], trained.min())
+    assert metrics["exact_up_to_length"] == cumsum.exact_up_to(shares.to_dict(), trained.min())
 
 
 def disk_full_writing(monkeypatch, name: str):
@@ -155,22 +159,23 @@ def disk_full_writing(monkeypatch, name: str):
 def test_a_full_disk_writing_the_metrics_keeps_the_last_samples_too(tmp_path, built, tiny_params, monkeypatch):
     """The samples are written first, but go into place with the metrics: new samples never sit beside the
     last run's metrics."""
-    last = {name: tmp_path / built[name].name for name in ("metrics", "samples")}
+    last = {name: tmp_path / built[name].name for name in ("metrics", "samples", "lengths")}
     for name, path in last.items():
         path.write_text(f"the last run's {name}")
     disk_full_writing(monkeypatch, "metrics.json")
     with pytest.raises(OSError, match=f"No space left on device: '{last['metrics']}'"):
         evaluation.run("cumsum", stage_config(tiny_params, "cumsum", "evaluate"), built["data"], built["tokenizer"],
-                       built["model"], last["metrics"], last["samples"])
+                       built["model"], last["metrics"], last["samples"], last["lengths"])
     assert {p.name: p.read_text() for p in tmp_path.iterdir()} == {
-        "metrics.json": "the last run's metrics", "samples.jsonl": "the last run's samples"}
+        "metrics.json": "the last run's metrics", "samples.jsonl": "the last run's samples",
+        "by_length.csv": "the last run's lengths"}
 
 
 def test_an_alpha_past_the_models_bound_is_named_as_the_param_before_evaluating(tmp_path, built, tiny_params):
     """An evaluate stage run after only evaluate.alpha changed (train's checks did not see it): the param is
     named, before the test and validation losses are computed (it was `alpha 1000.0: ...`, from the search).
     Greedy search has no length penalty: with beam_size 1 the same alpha is not used, and not refused."""
-    outputs = tmp_path / "metrics.json", tmp_path / "samples.jsonl"
+    outputs = tmp_path / "metrics.json", tmp_path / "samples.jsonl", tmp_path / "by_length.csv"
     tiny_params["cumsum"]["evaluate"].update(alpha=1000.0, beam_size=2)
     losses = []
     with pytest.MonkeyPatch.context() as patch:
@@ -341,7 +346,8 @@ def test_a_report_is_drawn_whole_or_leaves_the_last_one_as_it_was(tmp_path, buil
     def draw(n_examples):
         tiny_params["cumsum"]["report"]["n_attention_examples"] = n_examples
         reporting.run("cumsum", stage_config(tiny_params, "cumsum", "report"), built["data"], built["tokenizer"],
-                      built["model"], built["metrics"], built["samples"], built["live"], report, figures)
+                      built["model"], built["metrics"], built["samples"], built["lengths"], built["live"], report,
+                      figures, tmp_path / "cumsum" / "losses.csv")
         return {p.name: p.read_bytes() for p in figures.iterdir()}
 
     draw(2)
@@ -356,7 +362,7 @@ def test_a_report_is_drawn_whole_or_leaves_the_last_one_as_it_was(tmp_path, buil
     with pytest.raises(OSError, match="disk full"):
         draw(1)  # the example figures are drawn before the accuracy by length
     assert {p.name: p.read_bytes() for p in figures.iterdir()} == before and report.read_text() == text
-    assert sorted(p.name for p in report.parent.iterdir()) == ["figures", "report.md"]
+    assert sorted(p.name for p in report.parent.iterdir()) == ["figures", "losses.csv", "report.md"]
     monkeypatch.undo()
     disk_full_writing(monkeypatch, "report.md")  # every figure drawn, then report.md fails
     with pytest.raises(OSError, match=f"No space left on device: '{report}'"):
@@ -374,7 +380,8 @@ def test_where_it_breaks_shows_a_wrong_sequence_of_that_length_and_the_steps_tha
     rows are the steps that chose it."""
     text = built["report"].read_text()
     metrics = json.loads(built["metrics"].read_text())
-    length = cumsum.breaking_length(metrics["by_length"])
+    by_length = pd.read_csv(built["lengths"])
+    length = cumsum.breaking_length(dict(zip(by_length["length"], by_length["exact_match"])))
     assert length is not None and f"At length {length}, exact match is " in text
     assert f"up to {metrics['exact_up_to_length']} come out exact" in text
     table = text.split("## Where it breaks")[1].split("The attention that wrote")[0]
@@ -425,8 +432,9 @@ def test_an_evaluate_output_not_as_evaluate_writes_it_is_named_and_the_last_repo
     params.write_text(yaml.safe_dump(tiny_params))
     argv = ["cumsum", "--params", str(params), "--data", str(built["data"]), "--tokenizer", str(built["tokenizer"]),
             "--model", str(built["model"]), "--metrics", str(reports / "metrics.json"),
-            "--samples", str(reports / "samples.jsonl"), "--live", str(reports / "train"),
-            "--out", str(reports / "report.md"), "--figures", str(reports / "figures")]
+            "--samples", str(reports / "samples.jsonl"), "--lengths", str(built["lengths"]),
+            "--live", str(reports / "train"), "--out", str(reports / "report.md"), "--figures", str(reports / "figures"),
+            "--losses", str(reports / "losses.csv")]
     assert run_stage("report", argv) == 2
     said = last_line(capsys.readouterr().err)
     assert said == f"report@cumsum: error: {reports / name}: {found}; re-run the evaluate stage"
@@ -796,13 +804,15 @@ def test_a_model_of_another_task_is_named(tmp_path, built, capsys):
     assert state["task"] == "cumsum"
     message = r"model.pt was trained for the cumsum task, not multi30k: name the task it was trained for"
     cfg = lambda stage: stage_config(TINY_PARAMS, "cumsum", stage)  # noqa: E731
-    out = {name: tmp_path / name for name in ("metrics.json", "samples.jsonl", "report.md", "figures")}
+    out = {name: tmp_path / name for name in ("metrics.json", "samples.jsonl", "by_length.csv", "report.md",
+                                              "figures", "losses.csv")}
     with pytest.raises(ValueError, match=message):
         evaluation.run("multi30k", cfg("evaluate"), built["data"], built["tokenizer"], built["model"],
-                       out["metrics.json"], out["samples.jsonl"])
+                       out["metrics.json"], out["samples.jsonl"], out["by_length.csv"])
     with pytest.raises(ValueError, match=message):
         reporting.run("multi30k", cfg("report"), built["data"], built["tokenizer"], built["model"], built["metrics"],
-                      built["samples"], built["live"], out["report.md"], out["figures"])
+                      built["samples"], built["lengths"], built["live"], out["report.md"], out["figures"],
+                      out["losses.csv"])
     assert not any(path.exists() for path in out.values())
     (tmp_path / "de.txt").write_text("Ein Hund läuft.\n")
     with pytest.raises(SystemExit) as exit_info:
@@ -845,8 +855,8 @@ def on_disk(root: Path) -> dict[str, str | None]:
     return {str(p.relative_to(root)): None if p.is_dir() else p.read_text() for p in sorted(root.rglob("*"))}
 
 
-STAGES = {stage: importlib.import_module(f"stages.{stage}") for stage in ["prepare", "tokenize", "train", "evaluate",
-                                                                          "report"]}
+STAGES = {stage: importlib.import_module(f"stages.{stage}") for stage in ["fetch", "prepare", "tokenize", "train",
+                                                                          "evaluate", "report"]}
 
 
 @pytest.mark.parametrize("stage, option", [(stage, option) for stage, module in STAGES.items()
@@ -888,21 +898,22 @@ def test_a_directory_output_holding_what_the_stage_does_not_write_is_refused(tmp
     module = STAGES[stage]
     paths = {name: tmp_path / name for name in [*module.READS, *module.WRITES]}
     paths[option].mkdir()
-    (paths[option] / "input.txt").write_text("a text source, copied in")  # prepare writes texts, but not this one
+    (paths[option] / "source.txt").write_text("a text source, copied in")  # prepare writes texts, but not this one
     (paths[option] / "notes.md").write_text("the user's notes")
     (paths[option] / "old").mkdir()
     before = on_disk(tmp_path)
     argv = ["cumsum", "--params", str(ROOT / "params.yaml")]
     assert run_stage(stage, argv + [arg for name, path in paths.items() for arg in (f"--{name}", str(path))]) == 2
     assert capsys.readouterr().err == (
-        f"{stage}@cumsum: error: --{option} {paths[option]}: holds input.txt, notes.md, old/, which the {stage} stage "
+        f"{stage}@cumsum: error: --{option} {paths[option]}: holds notes.md, old/, source.txt, which the {stage} stage "
         "does not write; it replaces the directory whole, so those would be lost (move them or name another path)\n")
     assert on_disk(tmp_path) == before
 
 
 def test_every_directory_a_stage_wrote_is_one_it_may_write_again(built):
     """What the stages wrote (cumsum's; the LM's and multi30k's in their tests) is what HOLDS lets them replace."""
-    outputs = {("prepare", "out"): built["data"], ("tokenize", "out"): built["tokenizer"],
+    outputs = {("fetch", "out"): built["sources"], ("prepare", "out"): built["data"],
+               ("tokenize", "out"): built["tokenizer"],
                ("train", "checkpoints"): built["checkpoints"], ("train", "live"): built["live"],
                ("report", "figures"): built["figures"]}
     assert set(outputs) == set(HOLDS) == {(stage, option) for stage, module in STAGES.items()
@@ -948,8 +959,8 @@ def test_a_report_from_a_directory_without_training_curves_names_the_curve(tmp_p
     with pytest.raises(FileNotFoundError, match=r"live/plots/metrics/train/loss.tsv: training curve not found "
                                                 r"\(run the train stage first\)"):
         reporting.run("cumsum", stage_config(tiny_params, "cumsum", "report"), built["data"], built["tokenizer"],
-                      built["model"], built["metrics"], built["samples"], tmp_path / "live",
-                      tmp_path / "report.md", tmp_path / "figures")
+                      built["model"], built["metrics"], built["samples"], built["lengths"], tmp_path / "live",
+                      tmp_path / "report.md", tmp_path / "figures", tmp_path / "losses.csv")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["live"]
 
 
@@ -1050,7 +1061,7 @@ def test_same_params_same_metrics(tmp_path, built):
     training.run("cumsum", cfg("train"), tmp_path / "data", tmp_path / "tok", tmp_path / "model.pt",
                  tmp_path / "ckpt", tmp_path / "live")
     evaluation.run("cumsum", cfg("evaluate"), tmp_path / "data", tmp_path / "tok", tmp_path / "model.pt",
-                   tmp_path / "metrics.json", tmp_path / "samples.jsonl")
+                   tmp_path / "metrics.json", tmp_path / "samples.jsonl", tmp_path / "by_length.csv")
     def without_timings(path):
         metrics = json.loads(path.read_text())
         for search in ("greedy",):
@@ -1138,10 +1149,12 @@ def test_a_split_not_as_prepare_writes_it_is_named_by_row_and_nothing_is_written
     evaluate stage with the tokenizer's TypeError and its traceback (exit 1), an empty split with `max() arg is
     an empty sequence`."""
     data = data_with(tmp_path, built, test=change(pd.read_parquet(built["data"] / "test.parquet")))
-    params, outputs = tmp_path / "params.yaml", (tmp_path / "metrics.json", tmp_path / "samples.jsonl")
+    params = tmp_path / "params.yaml"
+    outputs = tmp_path / "metrics.json", tmp_path / "samples.jsonl", tmp_path / "by_length.csv"
     params.write_text(yaml.safe_dump(tiny_params))
     argv = ["cumsum", "--params", str(params), "--data", str(data), "--tokenizer", str(built["tokenizer"]),
-            "--model", str(built["model"]), "--metrics", str(outputs[0]), "--samples", str(outputs[1])]
+            "--model", str(built["model"]), "--metrics", str(outputs[0]), "--samples", str(outputs[1]),
+            "--lengths", str(outputs[2])]
     assert run_stage("evaluate", argv) == 2
     assert last_line(capsys.readouterr().err) == (
         f"evaluate@cumsum: error: {data / 'test.parquet'}: {found}; re-run the prepare stage")
@@ -1182,7 +1195,7 @@ def test_an_evaluated_split_the_model_cannot_read_is_named_before_training(tmp_p
     # before the losses, nothing written
     long = pd.DataFrame({"src": [" ".join(["1"] * 40)], "tgt": [" ".join(map(str, range(1, 41)))]})
     data = data_with(tmp_path / "other", built, test=pd.concat([pd.read_parquet(built["data"] / "test.parquet"), long]))
-    outputs = tmp_path / "metrics.json", tmp_path / "samples.jsonl"
+    outputs = tmp_path / "metrics.json", tmp_path / "samples.jsonl", tmp_path / "by_length.csv"
     with pytest.raises(ConfigError, match=r"max_len: 32 is shorter than the longest test sequence \(41 tokens\)"):
         evaluation.run("cumsum", stage_config(tiny_params, "cumsum", "evaluate"), data, built["tokenizer"],
                        built["model"], *outputs)

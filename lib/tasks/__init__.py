@@ -1,15 +1,19 @@
 """The tasks: each module says how its data is made or loaded and how it is scored.
 
-A task module defines KIND ("seq2seq" or "lm"), a frozen ``PrepareConfig``,
-``prepare(cfg, out_dir)`` writing its splits, ``tokenizer_texts(cfg,
+A task module defines KIND ("seq2seq" or "lm"); where its data comes from
+elsewhere, a frozen ``FetchConfig`` and ``fetch(cfg, out_dir)`` putting the
+source files there and returning their names (lib.sources); a frozen
+``PrepareConfig`` and ``prepare(cfg, out_dir, source_dir)`` writing its splits, ``tokenizer_texts(cfg,
 data_dir, side)`` giving the training text a tokenizer learns from (side:
 source, target or both), ``HEADLINE`` (the metrics reports/index.md shows),
 and, for seq2seq tasks, ``score(hypotheses, references)`` and
-``sentence_score`` returning its metrics. A seq2seq task may name one more
-split to decode, ``EXTRA_SPLIT``, with ``split_metrics(frame, hypotheses,
-test)`` scoring it (cumsum: its length study, set against the test split's
+``sentence_score`` returning its metrics. Every task's evaluate stage also
+writes a score by length (by_length.csv: a ``length`` column, the score last).
+A seq2seq task gives it either by naming one more split to decode,
+``EXTRA_SPLIT``, with ``split_metrics(frame, hypotheses, test)`` returning its
+metrics and that table (cumsum: its length study, set against the test split's
 lengths) and ``EXTRA_SPLIT_LONGEST``, the param that sets its longest
-sequence, and ``breakdown(sources, hypotheses, references)``, more scores of
+sequence; or by ``breakdown(sources, hypotheses, references)``, the table of
 the greedy test outputs (multi30k: BLEU by source length)."""
 
 import importlib
@@ -17,6 +21,7 @@ from pathlib import Path
 
 from lib.files import atomic_dir
 from lib.config import ConfigError
+from lib.sources import write_manifest
 
 TASKS = ("cumsum", "multi30k", "shakespeare")
 
@@ -31,10 +36,20 @@ def get_task(name: str):
     return importlib.import_module(f"lib.tasks.{name}")
 
 
-def run_prepare(task: str, cfg, out_dir: str | Path):
-    """Write the task's data into a fresh directory, replacing ``out_dir`` only when complete."""
+def run_fetch(task: str, cfg, out_dir: str | Path):
+    """The task's source files and their manifest into a fresh directory, replacing ``out_dir`` only when all
+    are in: a failed or cut download leaves the last whole one, or nothing."""
+    module = get_task(task)
     with atomic_dir(out_dir) as tmp:
-        get_task(task).prepare(cfg, tmp)
+        files = module.fetch(cfg, tmp) if hasattr(module, "fetch") else []
+        write_manifest(tmp, getattr(cfg, "source", "none: the prepare stage makes the data"), files)
+
+
+def run_prepare(task: str, cfg, out_dir: str | Path, source_dir: str | Path | None = None):
+    """Write the task's data, from the files fetch put in ``source_dir``, into a fresh directory, replacing
+    ``out_dir`` only when complete."""
+    with atomic_dir(out_dir) as tmp:
+        get_task(task).prepare(cfg, tmp, None if source_dir is None else Path(source_dir))
 
 
 def evaluated_splits(task: str) -> tuple[str, ...]:

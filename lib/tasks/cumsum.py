@@ -74,8 +74,9 @@ def _draw(generator: torch.Generator, cfg: PrepareConfig) -> tuple[int, ...]:
     return tuple(torch.randint(0, 10, (length,), generator=generator).tolist())
 
 
-def prepare(cfg: PrepareConfig, out_dir: Path):
-    """Write train/valid/test/lengths parquet files (columns src, tgt) and alphabet.txt.
+def prepare(cfg: PrepareConfig, out_dir: Path, source_dir: Path | None = None):
+    """Write train/valid/test/lengths parquet files (columns src, tgt) and alphabet.txt (``source_dir``,
+    where fetch put a task's files, holds nothing for this one).
 
     Held-out sequences are drawn first and distinct; training sequences are
     drawn until n_train of them avoid every held-out one.
@@ -121,39 +122,37 @@ def length_study(cfg: PrepareConfig, train: set, generator: torch.Generator) -> 
     return rows
 
 
-def share_by_length(sources: list[str], flags: list[bool]) -> dict:
-    """{"01": share of the sequences with 1 digit whose flag is set, ..., "24": ...}. The lengths are
-    zero-padded to one width, so that `dvc metrics show` and `dvc exp show`, which sort their columns as
-    text, list by_length.01 ... by_length.24 in order (not 1, 10, 11, ..., 2)."""
+def share_by_length(sources: list[str], flags: list[bool]) -> dict[int, float]:
+    """{1: share of the sequences with 1 digit whose flag is set, ..., 24: ...}, shortest first."""
     frame = pd.DataFrame({"length": [len(s.split()) for s in sources], "flag": flags})
-    shares = frame.groupby("length")["flag"].mean()
-    width = len(str(shares.index.max()))
-    return {f"{length:0{width}d}": float(share) for length, share in shares.items()}
+    return {int(length): float(share) for length, share in frame.groupby("length")["flag"].mean().items()}
 
 
 def lengths_as_numbers(by_length: dict) -> dict[int, float]:
-    """share_by_length's {"01": x, ...} (or the unpadded "1" of older metrics) as {1: x, ...}, shortest first."""
+    """A by-length mapping with lengths as numbers, shortest first (the "01" keys of older metrics too)."""
     return dict(sorted((int(length), share) for length, share in by_length.items()))
 
 
-def exact_match_by_length(sources: list[str], hypotheses: list[str], references: list[str]) -> dict:
-    """{"01": exact match of the sequences with 1 digit, ...} (see share_by_length)"""
+def exact_match_by_length(sources: list[str], hypotheses: list[str], references: list[str]) -> dict[int, float]:
+    """{1: exact match of the sequences with 1 digit, ...} (see share_by_length)"""
     return share_by_length(sources, [h == r for h, r in zip(hypotheses, references)])
 
 
-def split_metrics(study: pd.DataFrame, hypotheses: list[str], test: pd.DataFrame) -> dict:
-    """Length generalisation: exact match at every length of the EXTRA_SPLIT, trained ones and longer ones,
-    and how far up it holds from the shortest trained length (the test split's lengths are the trained ones)."""
+def split_metrics(study: pd.DataFrame, hypotheses: list[str], test: pd.DataFrame) -> tuple[dict, pd.DataFrame]:
+    """Length generalisation: exact match at every length of the EXTRA_SPLIT, trained ones and longer ones
+    (a table: length, exact_match), and how far up it holds from the shortest trained length, one metric (the
+    test split's lengths are the trained ones)."""
     by_length = exact_match_by_length(study["src"].tolist(), hypotheses, study["tgt"].tolist())
     shortest = int(test["src"].str.split().str.len().min())
-    return {"by_length": by_length, "exact_up_to_length": exact_up_to(by_length, shortest)}
+    table = pd.DataFrame({"length": list(by_length), "exact_match": list(by_length.values())})
+    return {"exact_up_to_length": exact_up_to(by_length, shortest)}, table
 
 
 def exact_up_to(by_length: dict, shortest: int) -> int:
     """The longest length L such that most sequences of every length from ``shortest`` (the shortest trained
     one) up to L come out exact; 0 when not even those of length ``shortest`` do. How far length
     generalisation holds, in one number, for reports/index.md and a column of `dvc exp show`: trained on
-    4-12, 12 means nothing longer came out right. Lengths below ``shortest`` have their own by_length entries."""
+    4-12, 12 means nothing longer came out right. Lengths below ``shortest`` do not count."""
     longest = 0
     for length, share in lengths_as_numbers(by_length).items():
         if length < shortest:

@@ -6,52 +6,65 @@ validate.
 """
 
 import os
-import urllib.error
-import urllib.request
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from lib.config import ConfigError, require, utf8_text
 from lib.data import read_text, text_path
+from lib.sources import download, is_url, sha256
 
 KIND = "lm"
 HEADLINE = ("loss", "bits_per_char")  # reports/index.md
+TEXT = "input.txt"  # the fetched text, in sources/shakespeare
+
+
+@dataclass(frozen=True)
+class FetchConfig:
+    source: str  # an http(s) URL of the raw text, or a local file (relative to the repository root)
+    sha256: str = ""  # the text's sha256, checked after the download or copy ("": not checked)
+
+    def __post_init__(self):
+        object.__setattr__(self, "source", os.path.expanduser(self.source))  # ~/input.txt: in the home directory
+        if not is_url(self.source):
+            require(Path(self.source).is_file(), "source", f"{self.source}: no such file (give the text's URL, "
+                    "as params.yaml does, or a local copy)")
+        require(self.sha256 == "" or len(self.sha256) == 64 and all(c in "0123456789abcdef" for c in self.sha256),
+                "sha256", f"{self.sha256!r} is not a sha256 (64 lowercase hex digits) or \"\"")
+
+
+def fetch(cfg: FetchConfig, out_dir: Path) -> list[str]:
+    """The text, downloaded or copied, and checked against cfg.sha256."""
+    dest = out_dir / TEXT
+    if is_url(cfg.source):
+        download(cfg.source, dest, "shakespeare.fetch.source", cfg.sha256 or None, "a local copy of the text")
+    else:
+        shutil.copyfile(cfg.source, dest)
+        if cfg.sha256 and (found := sha256(dest)) != cfg.sha256:
+            raise ConfigError(f"shakespeare.fetch.source: {cfg.source}: its sha256 is {found}, not "
+                              f"shakespeare.fetch.sha256 {cfg.sha256} (another text: set that to \"\" or to its sum)")
+    return [TEXT]
 
 
 @dataclass(frozen=True)
 class PrepareConfig:
-    source: str  # a local file path (relative to the repository root) or an http(s) URL of the raw text
     train_fraction: float  # leading share of characters for training; the rest validates
 
     def __post_init__(self):
         require(0.0 < self.train_fraction < 1.0, "train_fraction", "must be in (0, 1)")
-        object.__setattr__(self, "source", os.path.expanduser(self.source))  # ~/input.txt: in the home directory
-        if not self.source.startswith(("http://", "https://")):
-            require(Path(self.source).is_file(), "source", f"{self.source}: no such file")
 
 
-def load_source(source: str) -> str:
-    if source.startswith(("http://", "https://")):
-        try:
-            with urllib.request.urlopen(source, timeout=60) as response:  # noqa: S310 (the user's own URL)
-                raw = response.read()
-        except (OSError, ValueError) as err:  # URLError and HTTPError are OSErrors; a malformed URL a ValueError
-            reason = err if isinstance(err, urllib.error.HTTPError) else getattr(err, "reason", None) or err
-            raise ConfigError(f"shakespeare.prepare.source: {source}: could not be downloaded ({reason}); "
-                              "without internet, give the path of a local copy") from None
-    else:
-        raw = Path(source).read_bytes()
-    try:
-        return utf8_text(raw, source)
-    except ValueError as err:  # not UTF-8, named by line
-        raise ConfigError(f"shakespeare.prepare.source: {err}") from None
-
-
-def prepare(cfg: PrepareConfig, out_dir: Path):
+def prepare(cfg: PrepareConfig, out_dir: Path, source_dir: Path):
     """Write train.txt and valid.txt: the text cut at train_fraction of its characters."""
-    text = load_source(cfg.source)
+    path = Path(source_dir) / TEXT
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: missing: not a directory the fetch stage wrote (dvc repro fetch@shakespeare)")
+    try:
+        text = utf8_text(path.read_bytes(), path)
+    except ValueError as err:  # not UTF-8, named by line
+        raise ConfigError(f"shakespeare.fetch.source: {err}") from None
     if not text:
-        raise ConfigError(f"shakespeare.prepare.source: {cfg.source} is empty")
+        raise ConfigError(f"shakespeare.fetch.source: {path} is empty")
     cut = int(len(text) * cfg.train_fraction)
     text_path(out_dir, "train").write_text(text[:cut], encoding="utf-8")
     text_path(out_dir, "valid").write_text(text[cut:], encoding="utf-8")
