@@ -1,7 +1,10 @@
 """The one helper that saves and loads checkpoints and models (weights only), and rebuilds a trained model
 with the tokenizers it was trained with."""
 
+import errno
+import os
 import pickle
+import shutil
 from dataclasses import asdict
 from pathlib import Path
 
@@ -17,7 +20,12 @@ def save(obj: dict, path: str | Path):
     """``torch.save`` through an open file: the archive inside is then named "archive" rather than
     after the (random) temporary file, so the same weights give the same bytes, and DVC the same hash."""
     with atomic_path(path) as tmp, open(tmp, "wb") as file:
-        torch.save(obj, file)
+        try:
+            torch.save(obj, file)
+        except RuntimeError:  # torch reports a write that a full disk cut short as "unexpected pos ..."
+            if shutil.disk_usage(tmp.parent).free < 1 << 20:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from None
+            raise
 
 
 def load(path: str | Path, map_location="cpu", remedy: str = "re-run the train stage") -> dict:
@@ -46,14 +54,33 @@ def save_model(model, kind: str, vocab: dict, extra: dict, path: str | Path):
     save({"model": model.state_dict(), "model_config": asdict(model.cfg), "kind": kind, **vocab, **extra}, path)
 
 
+# What save_model writes, and what each is.
+MODEL_KEYS = {"model": dict, "model_config": dict, "kind": str, "src_vocab_size": int, "tgt_vocab_size": int,
+              "joint_vocab": bool}
+
+
+def not_a_model(path, what: str) -> ValueError:
+    return ValueError(f"{path}: not a model file written by this project ({what}); re-run the train stage")
+
+
 def load_model(path: str | Path, device="cpu", fast: bool = True):
     """Rebuild a model saved by ``save_model``; returns (model in eval mode, the file's dict).
-    ``fast``: run it with transformer.fast's modules (the weights are the same either way)."""
+    ``fast``: run it with transformer.fast's modules (the weights are the same either way). A readable
+    torch file that is not one (a list, another program's weights) is named, not a KeyError."""
     state = load(path, map_location=device)
+    if not isinstance(state, dict):
+        raise not_a_model(path, f"a {type(state).__name__}, where a model file is a dict")
+    for key, kind in MODEL_KEYS.items():
+        if not isinstance(state.get(key), kind):
+            raise not_a_model(path, f"no {key!r}" if key not in state else f"{key!r} is not a {kind.__name__}")
     cfg = from_dict(ModelConfig, state["model_config"], f"{path}: model_config")
     model = build_model(cfg, state["kind"], state["src_vocab_size"], state["tgt_vocab_size"], state["joint_vocab"],
                         fast)
-    model.load_state_dict(state["model"])
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as err:  # missing, unexpected or wrongly shaped weights
+        first = str(err).splitlines()[1].strip() if len(str(err).splitlines()) > 1 else str(err)
+        raise not_a_model(path, f"its weights do not fit its model_config: {first}") from None
     return model.to(device).eval(), state
 
 

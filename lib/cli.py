@@ -3,6 +3,7 @@ load and validate the stage's params, and turn a known failure (or Ctrl-C, or SI
 unforeseen one keeps Python's traceback, with nothing after it (under torchrun, written whole and named by rank)."""
 
 import argparse
+import ctypes
 import errno
 import json
 import logging
@@ -12,7 +13,7 @@ import sys
 import time
 import traceback
 
-from lib.config import ConfigError, load_params
+from lib.config import ConfigError, flatten, load_params
 from lib.files import check_readable, check_replaceable, check_writable, placed, written_by
 from lib.params import check_stages_after, stage_config
 
@@ -24,6 +25,38 @@ class Terminated(BaseException):
 
 def _raise_terminated(signum, frame):
     raise Terminated
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def stop_with_parent():
+    """Linux: SIGTERM this process when its parent dies. SIGTERM to `dvc repro` alone left the train stage
+    running with parent 1, beside the trainer of the next `dvc repro`."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def changed_keys(before: dict, after) -> list[str]:
+    """The dotted keys whose values differ between two params sections (a section gone: all of them)."""
+    old, new = flatten(before), flatten(after) if isinstance(after, dict) else {}
+    return sorted(key for key in old.keys() | new.keys() if old.get(key, None) != new.get(key, None))
+
+
+def check_params_kept(path, params: dict, task: str, stage: str):
+    """The stage's section of the params file as it was when the stage started: an edit made while it ran
+    (a multi30k run takes half an hour) would have `dvc repro` record values the outputs were not made with."""
+    started = params[task][stage]
+    try:
+        now = load_params(path).get(task, {})
+    except ConfigError:
+        now = {}
+    keys = changed_keys(started, now.get(stage) if isinstance(now, dict) else None)
+    if keys:
+        again = "resumes from its checkpoint where it can" if stage == "train" else "runs it again"
+        raise ConfigError(f"{path}: {task}.{stage} changed while the stage ran ({', '.join(keys)}); its outputs "
+                          f"were made with the values it started with, so it fails rather than let dvc record the "
+                          f"new ones: run it again (dvc repro) to use them; a re-run {again}")
 
 
 def _world() -> int:
@@ -178,7 +211,10 @@ def stage_main(stage: str, reads: list[str], writes: dict[str, str], run, argv: 
             kind, writer = INPUTS[name]
             check_readable(getattr(args, name), kind == DIRECTORY, f"--{name}", writer)
         started = True
+        if stage == "train":
+            stop_with_parent()
         run(args.task, cfg, args)
+        check_params_kept(args.params, params, args.task, stage)
     except (KeyboardInterrupt, Terminated) as stop:
         # Every output is written whole or not at all, so say what a re-run does; the exit status is the one
         # a shell reports for the signal (128 + its number).

@@ -1,10 +1,11 @@
 """File helpers every layer uses: atomic writes, checks of the paths a stage reads and writes, and the
 errors that name them. Imports nothing of the project."""
 
+import fcntl
 import os
 import shutil
 import tempfile
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from fnmatch import fnmatchcase
 from pathlib import Path
 
@@ -146,6 +147,41 @@ def atomic_dir(path: str | Path):
     finally:
         _put_back(previous, path)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextmanager
+def held_alone(path: str | Path, what: str):
+    """An OS lock (flock) on the file ``path`` for the ``with`` block: a second process asking for it fails at
+    once, naming the one that holds it. The kernel drops the lock when its holder ends, however it ends
+    (kill -9 too), so a stale lock file never blocks. The file, and the directories made for it, go at the end."""
+    path = Path(path)
+    made = [parent for parent in reversed(path.parents) if not parent.exists()]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        file = open(path, "a+")
+        try:
+            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            file.seek(0)
+            holder = file.read().strip() or "?"
+            file.close()
+            raise ValueError(f"{what}: another process (PID {holder}) is writing there; wait for it to finish, or "
+                             f"stop it (kill {holder})") from None
+        if path.exists() and os.stat(path).st_ino == os.fstat(file.fileno()).st_ino:
+            break
+        file.close()  # its holder removed it as we opened it: lock the file now at the path
+    try:
+        file.seek(0)
+        file.truncate()
+        file.write(f"{os.getpid()}\n")
+        file.flush()
+        yield
+    finally:
+        path.unlink(missing_ok=True)  # while still held: no one can lock the removed file and think it theirs
+        file.close()
+        for directory in reversed(made):
+            with suppress(OSError):  # one that something else now holds stays
+                directory.rmdir()
 
 
 @contextmanager

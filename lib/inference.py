@@ -39,17 +39,20 @@ from lib.tokenizer import continuation, decode, encode_sources, lm_ids, special_
 # What each option must be, by keyword: its type, then its range. One table for this module's methods and for
 # lib.generate's flags (argparse has given those their type).
 INTEGER, NUMBER = (numbers.Integral, "an integer"), (numbers.Real, "a number")
+# Upper bounds where memory and time grow with the value: a step of beam search scores beam x vocabulary
+# candidates (10,000,000 ran out of memory; 100,000 took 5 GB and a minute on two lines).
+MOST_BEAM, MOST_NEW_TOKENS, MOST_SAMPLES = 1000, 100_000, 1000
 RANGES = {
-    "beam_size": (INTEGER, lambda v: v >= 1, ">= 1 (1: greedy)"),
-    "k": (INTEGER, lambda v: v >= 1, ">= 1"),
+    "beam_size": (INTEGER, lambda v: 1 <= v <= MOST_BEAM, f"in [1, {MOST_BEAM}] (1: greedy)"),
+    "k": (INTEGER, lambda v: 1 <= v <= MOST_BEAM, f"in [1, {MOST_BEAM}]"),
     "alpha": (NUMBER, lambda v: v >= 0, ">= 0"),
     "max_extra_tokens": (INTEGER, lambda v: v >= 0, ">= 0"),
     "max_tokens": (INTEGER, lambda v: v >= 1, ">= 1"),
-    "max_new_tokens": (INTEGER, lambda v: v >= 1, ">= 1"),
+    "max_new_tokens": (INTEGER, lambda v: 1 <= v <= MOST_NEW_TOKENS, f"in [1, {MOST_NEW_TOKENS}]"),
     "temperature": (NUMBER, lambda v: v > 0, "> 0"),
     "top_k": (INTEGER, lambda v: v >= 0, ">= 0 (0: no top-k filter)"),
     "top_p": (NUMBER, lambda v: 0 < v <= 1, "in (0, 1] (1: no nucleus filter)"),
-    "num_samples": (INTEGER, lambda v: v >= 1, ">= 1"),
+    "num_samples": (INTEGER, lambda v: 1 <= v <= MOST_SAMPLES, f"in [1, {MOST_SAMPLES}]"),
     "seed": ((numbers.Integral, "an integer or a torch.Generator"), lambda v: -2 ** 63 <= v < 2 ** 64,
              "in [-2**63, 2**64) (what torch's generator takes)"),
 }

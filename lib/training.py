@@ -7,7 +7,9 @@ Every step: set the learning rate, forward, loss, backward, clip, step, zero the
 Dims: B batch, T block length, V vocabulary.
 """
 
+import contextlib
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -18,6 +20,7 @@ from lib import checkpoint, distributed
 from lib.config import ConfigError, LMTrainConfig, TrainConfig
 from lib.data import Pairs, collate, read_split, read_text, to_device, token_budget_batches
 from lib.device import out_of_memory, out_of_memory_error
+from lib.files import held_alone
 from lib.lengths import check_budget, check_evaluated_lengths, fit_lengths
 from lib.losses import estimate_loss, lm_loss, mean_loss, seq2seq_loss
 from lib.metrics import speed, training_flops
@@ -321,11 +324,16 @@ def train_lm(task, cfg: LMTrainConfig, data_dir, tokenizer_dir, model_path, chec
 
 
 def run(task, cfg, data_dir, tokenizer_path, model_path, checkpoint_dir, live_dir) -> dict:
-    """The train stage: the loop that fits the task's kind."""
+    """The train stage: the loop that fits the task's kind, one trainer at a time on ``checkpoint_dir`` (a
+    second, a `dvc repro` started while an orphaned one still runs, would interleave their curves)."""
     lm = get_task(task).KIND == "lm"
     loop = train_lm if lm else train_seq2seq
+    checkpoint_dir = Path(checkpoint_dir)
+    alone = os.environ.get("RANK", "0") == "0"  # under torchrun, rank 0 holds it for the run's processes
     try:
-        return loop(task, cfg, data_dir, tokenizer_path, model_path, checkpoint_dir, live_dir)
+        with held_alone(checkpoint_dir.with_name(checkpoint_dir.name + ".lock"), str(checkpoint_dir)) if alone \
+                else contextlib.nullcontext():
+            return loop(task, cfg, data_dir, tokenizer_path, model_path, checkpoint_dir, live_dir)
     except RuntimeError as err:  # torch.OutOfMemoryError is one
         said = out_of_memory(err)
         if not said:

@@ -803,7 +803,8 @@ def test_a_translator_loaded_from_python_gives_what_the_command_line_writes(tmp_
     assert maps["cross-attention"].rows[-1] == "<eos>" and maps["decoder self-attention"].cols[0] == "<bos>"
     assert torch.all(maps["decoder self-attention"].layers[0].triu(1) == 0)  # no step reads the future
 
-    for call, message in [(lambda: translator.translate(GERMAN[0], beam_size=0), r"beam_size 0: must be >= 1"),
+    for call, message in [(lambda: translator.translate(GERMAN[0], beam_size=0),
+                           r"beam_size 0: must be in \[1, 1000\]"),
                           (lambda: translator.n_best(GERMAN[0], k=4, beam_size=3),
                            r"k 4: must be in \[1, beam_size 3\]"),
                           (lambda: translator.score(GERMAN[:2], ["A dog."]), "1 outputs for 2 sources"),

@@ -21,6 +21,9 @@ def choose(value: str, field: str, allowed: tuple[str, ...]):
     require(value in allowed, field, f"{value!r} is not one of {', '.join(allowed)}")
 
 
+MOST_POSITIONS = 1 << 16  # max_len's bound: far past any task here, far below what would not fit in memory
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     d_model: int  # width C of every residual stream
@@ -53,6 +56,8 @@ class ModelConfig:
         choose(self.activation, "activation", ("relu", "gelu", "swiglu"))
         for name in ("d_model", "n_heads", "d_ff", "max_len"):
             require(getattr(self, name) > 0, name, "must be > 0")
+        require(self.max_len <= MOST_POSITIONS, "max_len", f"{self.max_len} is above {MOST_POSITIONS}: the position "
+                "tables and masks are max_len long (a sinusoidal table alone is max_len x d_model numbers)")
         require(self.encoder_layers >= 0, "encoder_layers", "must be >= 0")
         require(self.decoder_layers > 0, "decoder_layers", "must be > 0")
         require(

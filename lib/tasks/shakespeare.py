@@ -66,6 +66,10 @@ def prepare(cfg: PrepareConfig, out_dir: Path, source_dir: Path):
     if not text:
         raise ConfigError(f"shakespeare.fetch.source: {path} is empty")
     cut = int(len(text) * cfg.train_fraction)
+    if min(cut, len(text) - cut) < 2:  # a split needs a character to read and one to predict
+        raise ConfigError(f"shakespeare.fetch.source: {path} holds {len(text)} characters: too short to cut into a "
+                          f"training and a validation text of two characters or more at prepare.train_fraction "
+                          f"{cfg.train_fraction} (give a longer text)")
     text_path(out_dir, "train").write_text(text[:cut], encoding="utf-8")
     text_path(out_dir, "valid").write_text(text[cut:], encoding="utf-8")
 
