@@ -31,8 +31,8 @@ PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def stop_with_parent():
-    """Linux: SIGTERM this process when its parent dies. SIGTERM to `dvc repro` alone left the train stage
-    running with parent 1, beside the trainer of the next `dvc repro`."""
+    """Linux: SIGTERM this process when its parent dies, so that an orphaned trainer does not run on beside the
+    trainer of the next `dvc repro`."""
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
@@ -40,7 +40,7 @@ def stop_with_parent():
 def changed_keys(before: dict, after) -> list[str]:
     """The dotted keys whose values differ between two params sections (a section gone: all of them)."""
     old, new = flatten(before), flatten(after) if isinstance(after, dict) else {}
-    return sorted(key for key in old.keys() | new.keys() if old.get(key, None) != new.get(key, None))
+    return sorted(key for key in old.keys() | new.keys() if old.get(key) != new.get(key))
 
 
 def check_params_kept(path, params: dict, task: str, stage: str):

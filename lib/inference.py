@@ -40,7 +40,7 @@ from lib.tokenizer import continuation, decode, encode_sources, lm_ids, special_
 # lib.generate's flags (argparse has given those their type).
 INTEGER, NUMBER = (numbers.Integral, "an integer"), (numbers.Real, "a number")
 # Upper bounds where memory and time grow with the value: a step of beam search scores beam x vocabulary
-# candidates (10,000,000 ran out of memory; 100,000 took 5 GB and a minute on two lines).
+# candidates.
 MOST_BEAM, MOST_NEW_TOKENS, MOST_SAMPLES = 1000, 100_000, 1000
 RANGES = {
     "beam_size": (INTEGER, lambda v: 1 <= v <= MOST_BEAM, f"in [1, {MOST_BEAM}] (1: greedy)"),
