@@ -13,18 +13,10 @@ import sys
 import time
 import traceback
 
+from lib import signals
 from lib.config import ConfigError, flatten, load_params
 from lib.files import check_readable, check_replaceable, check_writable, placed, written_by
 from lib.params import check_stages_after, stage_config
-
-
-class Terminated(BaseException):
-    """SIGTERM (kill, a scheduler's preemption, torchrun stopping its workers), raised where the stage
-    is, so that it unwinds as Ctrl-C does: every temporary file is removed on the way out."""
-
-
-def _raise_terminated(signum, frame):
-    raise Terminated
 
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -194,7 +186,7 @@ def stage_main(stage: str, reads: list[str], writes: dict[str, str], run, argv: 
                         help="params file (default: params.yaml)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    signal.signal(signal.SIGTERM, _raise_terminated)
+    signals.raise_on_sigterm()
     who = f"{stage}@{args.task}"
     started = False
     try:
@@ -215,7 +207,7 @@ def stage_main(stage: str, reads: list[str], writes: dict[str, str], run, argv: 
             stop_with_parent()
         run(args.task, cfg, args)
         check_params_kept(args.params, params, args.task, stage)
-    except (KeyboardInterrupt, Terminated) as stop:
+    except (KeyboardInterrupt, signals.Terminated) as stop:
         # Every output is written whole or not at all, so say what a re-run does; the exit status is the one
         # a shell reports for the signal (128 + its number).
         what, status = ("interrupted", 130) if isinstance(stop, KeyboardInterrupt) else ("terminated (SIGTERM)", 143)

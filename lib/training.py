@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from lib import checkpoint, distributed
+from lib import checkpoint, distributed, signals
 from lib.config import ConfigError, LMTrainConfig, TrainConfig
 from lib.data import Pairs, collate, read_split, read_text, to_device, token_budget_batches
 from lib.device import out_of_memory, out_of_memory_error
@@ -103,11 +103,12 @@ def train_seq2seq(task, cfg: TrainConfig, data_dir, tokenizer_dir, model_path, c
     run.open()
     trainee.model.train()
     clock = StepClock()
-    while (reason := stop_reason(cfg, run.state)) is None:
-        started = time.perf_counter()
-        started = seq2seq_epoch(run, cfg, train, clock, started)
-        clock.pause()
-        end_epoch(run, cfg, valid, started)
+    with signals.held_to_step_ends(run.ctx.world == 1):
+        while (reason := stop_reason(cfg, run.state)) is None:
+            started = time.perf_counter()
+            started = seq2seq_epoch(run, cfg, train, clock, started)
+            clock.pause()
+            end_epoch(run, cfg, valid, started)
     log.info("stopped: %s", reason)
     return run.finish(model_path, averaged_model(run, cfg, valid))
 
@@ -164,11 +165,12 @@ def seq2seq_epoch(run: Run, cfg: TrainConfig, train: Pairs, clock: StepClock, st
             progress.update(len(group))
             progress.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}")
             state["batches_done"] += len(group)
-            if state["step"] % cfg.checkpoint_every == 0:
+            if state["step"] % cfg.checkpoint_every == 0 or signals.stop_requested():
                 state["elapsed_s"] += time.perf_counter() - started
                 started = time.perf_counter()
                 run.save_last()
                 clock.pause()
+                signals.stop_if_requested()
     return started
 
 
@@ -283,8 +285,9 @@ def train_lm(task, cfg: LMTrainConfig, data_dir, tokenizer_dir, model_path, chec
 
     trainee.model.train()
     clock = StepClock()
-    with tqdm(range(run.state["step"], cfg.max_iters), initial=run.state["step"], total=cfg.max_iters, leave=False,
-              disable=not ctx.is_main) as progress:  # cleared on an error too, as in seq2seq
+    with signals.held_to_step_ends(ctx.world == 1), \
+            tqdm(range(run.state["step"], cfg.max_iters), initial=run.state["step"], total=cfg.max_iters,
+                 leave=False, disable=not ctx.is_main) as progress:  # cleared on an error too, as in seq2seq
         for _ in progress:
             clock.start()
             run.state["step"] += 1
@@ -317,9 +320,10 @@ def train_lm(task, cfg: LMTrainConfig, data_dir, tokenizer_dir, model_path, chec
                 run.log(**{"eval/train_loss": train_loss})
                 run.record_validation(valid_loss, {"block_size": cfg.block_size})
                 clock.pause()
-            if step % cfg.checkpoint_every == 0 or step == cfg.max_iters:
+            if step % cfg.checkpoint_every == 0 or step == cfg.max_iters or signals.stop_requested():
                 run.save_last()
                 clock.pause()
+                signals.stop_if_requested()
     return run.finish(model_path)
 
 

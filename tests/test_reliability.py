@@ -234,3 +234,39 @@ def test_a_source_too_short_to_cut_fails_at_prepare(tmp_path, text):
         fetch_and_prepare("shakespeare", shakespeare.FetchConfig(source=str(tmp_path / "tiny.txt")),
                           shakespeare.PrepareConfig(train_fraction=0.9), tmp_path / "data")
     assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_trainer_whose_parent_dies_saves_a_checkpoint_and_a_re_run_ends_as_a_lone_run(tmp_path, built,
+                                                                                          tiny_params):
+    """The parent `dvc` killed: the trainer ends the step it is in, saves it, and stops; a re-run resumes there
+    and makes the same model as a run never stopped."""
+    tiny_params["cumsum"]["train"].update(epochs=40, checkpoint_every=10_000)  # no checkpoint but the last
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(tiny_params))
+    argv = [sys.executable, "-m", "stages.train", *stage_argv(built, tmp_path / "run", params)]
+    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time\n"
+                               f"p = subprocess.Popen({argv!r}, stderr=open(sys.argv[1], 'w'))\n"
+                               "print(p.pid, flush=True)\ntime.sleep(120)", str(tmp_path / "stderr")],
+                              cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    pid = int(parent.stdout.readline())
+    curve = tmp_path / "run" / "live" / "plots" / "metrics" / "train" / "loss.tsv"
+    deadline = time.monotonic() + 60
+    while not (curve.is_file() and len(curve.read_text().splitlines()) > 20) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and Path(f"/proc/{pid}").exists() and "zombie" not in Path(
+            f"/proc/{pid}/status").read_text(errors="replace"):
+        time.sleep(0.05)
+    said = (tmp_path / "stderr").read_text().strip().splitlines()[-1]
+    assert said == ("train@cumsum: terminated (SIGTERM); nothing was left half-written, and a re-run resumes from "
+                    "the last checkpoint")
+    stopped_at = checkpoint.load(tmp_path / "run" / "ckpt" / "last.pt")["step"]
+    assert 20 <= stopped_at < 400 and not (tmp_path / "run" / "model.pt").exists()
+    assert run_stage("train", stage_argv(built, tmp_path / "run", params)) == 0
+    training.run("cumsum", stage_config(tiny_params, "cumsum", "train"), built["data"], built["tokenizer"],
+                 tmp_path / "alone" / "model.pt", tmp_path / "alone" / "ckpt", tmp_path / "alone" / "live")
+    resumed, alone = (checkpoint.load(tmp_path / run / "model.pt")["model"] for run in ("run", "alone"))
+    assert all(torch.equal(resumed[name], alone[name]) for name in alone)
