@@ -166,6 +166,16 @@ def _leave(said: str, status: int):
     _exit(status)
 
 
+def _parsed(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """The stage's arguments, with --params; then its logging, and SIGTERM raised as `Terminated`."""
+    parser.add_argument("--params", default="params.yaml", type=os.path.expanduser,
+                        help="params file (default: params.yaml)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    signals.raise_on_sigterm()
+    return args
+
+
 def stage_main(stage: str, reads: list[str], writes: dict[str, str], run, argv: list[str] | None = None):
     """Call ``run(task, cfg, args)``. ``reads`` and ``writes`` are the required --options naming paths: what the
     stage reads (each in INPUTS), and what it writes (each a FILE or a DIRECTORY); both are checked first. A
@@ -182,11 +192,7 @@ def stage_main(stage: str, reads: list[str], writes: dict[str, str], run, argv: 
     for name, kind in writes.items():
         parser.add_argument(f"--{name}", required=True, type=os.path.expanduser,
                             help=f"path of the {kind} written (dvc.yaml passes it)")
-    parser.add_argument("--params", default="params.yaml", type=os.path.expanduser,
-                        help="params file (default: params.yaml)")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    signals.raise_on_sigterm()
+    args = _parsed(parser, argv)
     who = f"{stage}@{args.task}"
     started = False
     try:
@@ -207,22 +213,46 @@ def stage_main(stage: str, reads: list[str], writes: dict[str, str], run, argv: 
             stop_with_parent()
         run(args.task, cfg, args)
         check_params_kept(args.params, params, args.task, stage)
-    except (KeyboardInterrupt, signals.Terminated) as stop:
+    except BaseException as err:
+        _stopped(who, stage, err, started)
+    _exit(0)
+
+
+def _stopped(who: str, stage: str, err: BaseException, started: bool = False):
+    """A stage stopped by ``err``: one line and the exit status, or (unforeseen) Python's traceback.
+    ``started``: the stage's own work had begun, where an error may be one process's of several."""
+    if isinstance(err, (KeyboardInterrupt, signals.Terminated)):
         # Every output is written whole or not at all, so say what a re-run does; the exit status is the one
         # a shell reports for the signal (128 + its number).
-        what, status = ("interrupted", 130) if isinstance(stop, KeyboardInterrupt) else ("terminated (SIGTERM)", 143)
+        what, status = ("interrupted", 130) if isinstance(err, KeyboardInterrupt) else ("terminated (SIGTERM)", 143)
         again = "resumes from the last checkpoint" if stage == "train" else "runs the stage again"
         _leave(f"{who}: {what}; nothing was left half-written, and a re-run {again}", status)
-    except Exception as err:
-        rank = f" (rank {os.environ['RANK']} of {_world()})" if started and _world() > 1 else ""
-        if _foreseen(err):
-            _leave(f"{who}{rank}: error: {err}", 2)
-        elif _world() > 1:  # unforeseen under torchrun: Python's traceback, whole (its lines, written one by
-            # one, interleaved with the other processes'), named by rank and in torchrun's summary
-            _leave(f"{who}{rank}: unforeseen error\n" + "".join(traceback.format_exception(err)).rstrip(), 1)
-        else:  # a bug or an unforeseen failure: Python's own traceback, but readable. The traceback keeps
-            # every frame's variables alive until the interpreter's teardown, where the git objects dvclive
-            # opened (dulwich) fail to close, adding ~25 lines of noise after the error.
-            traceback.clear_frames(err.__traceback__)
-            raise
+    if not isinstance(err, Exception):  # SystemExit (argparse's usage error, say)
+        raise err
+    rank = f" (rank {os.environ['RANK']} of {_world()})" if started and _world() > 1 else ""
+    if _foreseen(err):
+        _leave(f"{who}{rank}: error: {err}", 2)
+    elif _world() > 1:  # unforeseen under torchrun: Python's traceback, whole (its lines, written one by
+        # one, interleaved with the other processes'), named by rank and in torchrun's summary
+        _leave(f"{who}{rank}: unforeseen error\n" + "".join(traceback.format_exception(err)).rstrip(), 1)
+    # a bug or an unforeseen failure: Python's own traceback, but readable. The traceback keeps every frame's
+    # variables alive until the interpreter's teardown, where the git objects dvclive opened (dulwich) fail to
+    # close, adding ~25 lines of noise after the error.
+    traceback.clear_frames(err.__traceback__)
+    raise err
+
+
+def once_main(stage: str, description: str, writes: str, run, argv: list[str] | None = None):
+    """A stage that runs once, not per task (index): ``run(params, out)``, with the errors said as
+    stage_main says them."""
+    parser = argparse.ArgumentParser(prog=f"python -m stages.{stage}", description=description)
+    parser.add_argument("--out", required=True, type=os.path.expanduser,
+                        help=f"path of the {writes} written (dvc.yaml passes it)")
+    args = _parsed(parser, argv)
+    try:
+        check_launch(stage)
+        check_writable(args.out, False, "--out")
+        run(load_params(args.params), args.out)
+    except BaseException as err:
+        _stopped(stage, stage, err)
     _exit(0)

@@ -147,6 +147,8 @@ class TrainConfig:
     compile: bool = False  # torch.compile the training step's model and loss: fused element-wise kernels on a GPU
     # (a minute or two of compiling when training starts); on a CPU it is slower than eager
     fast: bool = True  # true: train with transformer.fast's modules and fused loss; false: the reference forms
+    valid_score: bool = True  # after each epoch, the task's score of the greedy valid outputs (cumsum: exact
+    # match; multi30k: BLEU), logged as valid/<score>; false: skip its decoding time
 
     def __post_init__(self):
         check_seed(self.seed)

@@ -50,33 +50,43 @@ def plot_losses(curves: dict[str, pd.DataFrame | None], out: Path, floor: float 
     plt.close(fig)
 
 
+# What a heatmap's rows (the queries: the positions reading) and columns (the keys: the tokens read) are.
+LM_AXES = ("position, labelled by its token (it predicts the next)", "token read")
+
+
 def plot_attention_grid(weights: list[torch.Tensor], rows: list[str], cols: list[str], title: str, out: Path,
-                        red_rows: frozenset[int] = frozenset()):
-    """One heatmap per (layer, head): weights[layer] is (H, len(rows), len(cols)); the labels of
-    ``red_rows`` are drawn in red."""
+                        red_rows: frozenset[int] = frozenset(), axes: tuple[str, str] = LM_AXES):
+    """One heatmap per (layer, head): weights[layer] is (H, len(rows), len(cols)); a row of panels per layer, a
+    column per head, one colour scale. ``axes``: what the rows and the columns are; the labels of ``red_rows``
+    are drawn in red."""
     L, H = len(weights), weights[0].size(0)
     n = max(len(rows), len(cols))
     cell = min(4.0, max(2.2, 0.11 * n))  # inches per panel: room for every label, not a poster
     font = 6 if n <= 32 else 4.5
-    # Every panel has the same tokens: label the left column and the bottom row only.
-    fig, axes = plt.subplots(L, H, figsize=(cell * H + 1, cell * L + 0.8), squeeze=False, sharex=True,
-                             sharey=True)
+    # Every panel has the same tokens: the left column and the bottom row carry them; the heads are named above
+    # the top row and the layers beside the left column, where no tick label reaches.
+    fig, grid = plt.subplots(L, H, figsize=(cell * H + 1.8, cell * L + 1.2), squeeze=False, sharex=True,
+                             sharey=True, layout="constrained")
     for layer, layer_weights in enumerate(weights):
         for head in range(H):
-            ax = axes[layer][head]
-            ax.imshow(layer_weights[head].numpy(), cmap="viridis", vmin=0.0, vmax=1.0)
-            ax.set_title(f"layer {layer + 1} head {head + 1}", fontsize=8)
-    axes[0][0].set_xticks(range(len(cols)), cols)
-    axes[0][0].set_yticks(range(len(rows)), rows)
-    for ax in axes.flat:
-        ax.label_outer()
-        ax.tick_params(labelsize=font)
+            ax = grid[layer][head]
+            image = ax.imshow(layer_weights[head].numpy(), cmap="viridis", vmin=0.0, vmax=1.0)
+            if layer == 0:
+                ax.set_title(f"head {head + 1}", fontsize=9)
+            if head == 0:
+                ax.set_ylabel(f"layer {layer + 1}", fontsize=9)
+    grid[0][0].set_xticks(range(len(cols)), cols)
+    grid[0][0].set_yticks(range(len(rows)), rows)
+    for ax in grid.flat:
+        ax.tick_params(labelsize=font, labelbottom=ax in grid[-1], labelleft=ax in grid[:, 0])
         ax.tick_params(axis="x", labelrotation=90)
         for row, label in enumerate(ax.get_yticklabels()):
             if row in red_rows:
                 label.set_color("tab:red")
+    fig.colorbar(image, ax=grid, shrink=min(1.0, 0.5 + 0.25 * L), label="attention weight")
+    fig.supylabel(f"rows: {axes[0]}", fontsize=9)
+    fig.supxlabel(f"columns: {axes[1]}", fontsize=9)
     fig.suptitle(title, fontsize=11)
-    fig.tight_layout(rect=(0, 0, 1, 0.97))  # leave the top strip to the title
     fig.savefig(out, dpi=110, bbox_inches="tight")  # long sub-word labels are never clipped
     plt.close(fig)
 
@@ -102,6 +112,14 @@ def attention_maps(model, batch, ids) -> tuple[dict[str, list[torch.Tensor]], to
     return maps, model.generator(hidden).argmax(dim=-1)
 
 
+SEQ2SEQ_AXES = {
+    "encoder self-attention": ("source position, labelled by its token", "source token read"),
+    "decoder self-attention": ("output position, labelled by the token it predicts",
+                               "decoder input read (<bos>, then the output so far)"),
+    "cross-attention": ("output position, labelled by the token it predicts", "source token read"),
+}
+
+
 def example_heatmaps(maps, i: int, src: list[str], tgt_in: list[str], predicted: list[str], title: str,
                      stem: str, figures_dir: Path, rel: Path, red_rows: frozenset[int] = frozenset()) -> list[str]:
     """Example i of a batch: one figure per kind of attention, cut to its real lengths; the report's
@@ -115,7 +133,7 @@ def example_heatmaps(maps, i: int, src: list[str], tgt_in: list[str], predicted:
         name = f"{prefix}_attention_{stem}.png"
         weights = [w[i, :, :rows, :cols] for w in maps[kind]]
         plot_attention_grid(weights, row_labels, col_labels, f"{kind.capitalize()}, {title}", figures_dir / name,
-                            red)
+                            red, SEQ2SEQ_AXES[kind])
         lines += [f"![{kind}, {title}]({rel}/{name})", ""]
     return lines
 
@@ -140,6 +158,36 @@ def plot_by_length(shares: dict[int, float], trained: tuple[int, int], out: Path
     ax.legend(loc="center right")
     ax.set(xlabel="sequence length (tokens)", ylabel="exact-sequence match", ylim=(-0.02, 1.02),
            title="Accuracy by length", xticks=lengths)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def plot_accuracy_by_value(table: pd.DataFrame, out: Path):
+    """Token accuracy by target value (left, each point's area its test tokens) and against how often that
+    value occurs in training (right, log scale): columns value, tokens, accuracy, train_count."""
+    fig, (ax, ax_seen) = plt.subplots(1, 2, figsize=(12, 3.8))
+    size = 8 + 60 * table["tokens"] / table["tokens"].max()
+    ax.scatter(table["value"], table["accuracy"], s=size, alpha=0.7)
+    ax.set(xlabel="target value (a running sum)", ylabel="greedy token accuracy", ylim=(-0.03, 1.03),
+           title="Accuracy by target value")
+    seen = table["train_count"].clip(lower=1)  # a value never seen in training drawn at 1
+    ax_seen.scatter(seen, table["accuracy"], s=size, alpha=0.7, color="tab:orange")
+    ax_seen.set(xscale="log", xlabel="times the value is a target token in training (0 drawn at 1)",
+                ylabel="greedy token accuracy", ylim=(-0.03, 1.03), title="Accuracy by training frequency")
+    for axis in (ax, ax_seen):
+        axis.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def plot_valid_score(scores: pd.DataFrame, name: str, out: Path):
+    """The validation score ``name`` after each epoch (columns epoch and ``name``)."""
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.plot(scores["epoch"], scores[name], "o-")
+    ax.set(xlabel="epoch", ylabel=f"{name}, greedy, validation split", title="Validation score by epoch")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(out, dpi=110)

@@ -5,6 +5,7 @@ import fcntl
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from contextlib import contextmanager, suppress
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -121,6 +122,16 @@ def atomic_path(path: str | Path):
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+def written_together(fills: list[tuple[str | Path, Callable[[Path], None]]]):
+    """Each (path, fill) writes its file through ``atomic_path``, each inside the last's: none goes into place
+    until every one is written, and a failed write (a full disk) names its own file."""
+    if fills:
+        (path, fill), rest = fills[0], fills[1:]
+        with atomic_path(path) as tmp:
+            fill(tmp)
+            written_together(rest)
 
 
 @contextmanager

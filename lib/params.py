@@ -9,13 +9,9 @@ from lib.tasks import check_task_name, get_task
 def stage_config(params: dict, task: str, stage: str):
     """The frozen config of ``stage`` for ``task``, validated."""
     get_task(task)  # an unknown task name fails first
-    tasks = params.get("tasks")
-    if not isinstance(tasks, list):
-        raise ConfigError(f"tasks: expected a list of task names (tasks: [{task}]), got {tasks!r}")
+    tasks = check_tasks(params)
     if task not in tasks:
         raise ConfigError(f"tasks: {task!r} is not listed in tasks ({tasks!r})")
-    for name in tasks:  # another task's misspelt name stops `dvc repro` at its stages: said here, by the first
-        check_task_name(name)
     section = params.get(task)
     if not isinstance(section, dict) or stage not in section:
         raise ConfigError(f"{task}.{stage}: missing section")
@@ -25,6 +21,21 @@ def stage_config(params: dict, task: str, stage: str):
     else:
         cls = module.PrepareConfig if stage == "prepare" else STAGE_CONFIGS[stage][module.KIND]
     return from_dict(cls, section[stage], f"{task}.{stage}")
+
+
+def check_tasks(params: dict) -> list[str]:
+    """params.yaml's ``tasks``: a list of known task names, at least one, each once. A misspelt name would stop
+    `dvc repro` at its stages' missing params: said here, by the first stage that runs."""
+    tasks = params.get("tasks")
+    if not isinstance(tasks, list):
+        raise ConfigError(f"tasks: expected a list of task names (tasks: [cumsum]), got {tasks!r}")
+    if not tasks:
+        raise ConfigError("tasks: empty, so `dvc repro` builds nothing; list a task or more (tasks: [cumsum])")
+    for name in tasks:
+        check_task_name(name)
+    if len(set(tasks)) < len(tasks):
+        raise ConfigError(f"tasks: {tasks!r} names a task twice")
+    return tasks
 
 
 def check_stages_after(params: dict, task: str, stage: str):

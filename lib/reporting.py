@@ -8,19 +8,23 @@ import io
 import json
 import logging
 from pathlib import Path
+from typing import NamedTuple
 
 import pandas as pd
 import torch
 
 from lib import checkpoint, files
+from lib.attention_view import lm_summary, lm_view, seq2seq_summary, seq2seq_view, summary_lines
 from lib.captions import curves_caption, model_line, model_section, stalled_caption, validation_caption
 from lib.config import ConfigError, flatten
 from lib.curves import CURVES, read_curves
 from lib.data import collate, read_split, read_text
-from lib.figures import (attention_maps, pair_heatmaps, plot_attention_grid, plot_bleu_by_length, plot_by_length,
-                         plot_loss_by_length, plot_losses, token_strings, visible)
+from lib.figures import (attention_maps, pair_heatmaps, plot_accuracy_by_value, plot_attention_grid,
+                         plot_bleu_by_length, plot_by_length, plot_loss_by_length, plot_losses, plot_valid_score,
+                         token_strings, visible)
 from lib.files import not_as_written
-from lib.tasks import TASKS, get_task
+from lib.pages import card_html, headline, report_html
+from lib.tasks import get_task
 from lib.tokenizer import encode_pairs, encode_text, special_ids
 from transformer.loss import smoothed_loss_floor
 
@@ -130,38 +134,6 @@ def losses_table(curves: dict) -> pd.DataFrame:
     return pd.concat(parts)[["step", "split", "value"]].rename(columns={"value": "loss"})
 
 
-def index_metrics(path: Path) -> dict:
-    """A task's metrics for the index: another task's unreadable metrics.json is its own evaluate stage's to
-    mend, so it leaves that task's row without figures, with a warning, rather than stopping this report."""
-    try:
-        return read_metrics(path)
-    except ValueError as err:
-        log.warning("%s (reports/index.md shows no metrics for it)", err)
-        return {}
-
-
-def write_index(reports_dir: Path):
-    """reports/index.md: one row per task with a report, linking it, with its headline metrics.
-
-    Every report stage rewrites it from what is on disk, so it lists the tasks
-    built so far. A task names its headline metrics in ``HEADLINE`` (dotted
-    keys of metrics.json; ``*`` matches any beam width).
-    """
-    from fnmatch import fnmatch
-
-    rows = []
-    for report in sorted(Path(reports_dir).glob("*/report.md")):
-        task, metrics_path = report.parent.name, report.parent / "metrics.json"
-        flat = flatten(index_metrics(metrics_path)) if metrics_path.is_file() else {}
-        patterns = getattr(get_task(task), "HEADLINE", ()) if task in TASKS else ()
-        headline = [f"{k} {_format(v)}" for p in patterns for k, v in flat.items() if fnmatch(k, p)]
-        rows.append({"task": f"[{task}]({task}/report.md)", "headline metrics": ", ".join(headline)})
-    table = pd.DataFrame(rows).to_markdown(index=False, disable_numparse=True)
-    with files.atomic_path(Path(reports_dir) / "index.md") as tmp:
-        tmp.write_text("# Reports\n\nOne row per task built so far (`dvc repro` rewrites this page).\n\n"
-                       + table + "\n")
-
-
 def breaking_section(module, model, tokenizers, by_length: dict, samples: pd.DataFrame, trained: tuple[int, int],
                      figures_dir: Path, rel: Path) -> list[str]:
     """The first wrong sequence of the length where the model breaks (``module.breaking_length``), with
@@ -197,6 +169,20 @@ def breaking_section(module, model, tokenizers, by_length: dict, samples: pd.Dat
                                  rel, likeliest[0, :T], red)
 
 
+def value_section(table: pd.DataFrame, figures_dir: Path, rel: Path) -> list[str]:
+    """cumsum's accuracy by target value and by how often the value occurs in training."""
+    plot_accuracy_by_value(table, figures_dir / "accuracy_by_value.png")
+    weak = [f"{row.value} ({row.accuracy:.2f}, seen {row.train_count} times in training)"
+            for row in table[table["accuracy"] < 0.99].itertuples()]
+    said = f"The values below 99%: {', '.join(weak)}." if weak else \
+        "Every target value comes out right at least 99% of the time."
+    return ["## Accuracy by target value", "",
+            "Greedy token accuracy on the test split by the value of the target token, and against how often "
+            "that value is a target token in training (a point's area: its test tokens). Large sums are rare in "
+            f"training; a model short of them falls back to a common one. {said}", "",
+            f"![accuracy by target value]({rel}/accuracy_by_value.png)", ""]
+
+
 def seq2seq_sections(module, cfg, data_dir, tokenizers, model, metrics, samples, by_length: pd.DataFrame,
                      figures_dir: Path, rel: Path):
     """``module``: the task's, which reads the score by length its evaluate stage wrote (cumsum's exact match
@@ -229,23 +215,27 @@ def seq2seq_sections(module, cfg, data_dir, tokenizers, model, metrics, samples,
                   f"![accuracy by length]({rel}/by_length.png)", ""]
         lines += breaking_section(module, model, tokenizers, shares, samples, trained, figures_dir,
                                   rel)
+        lines += value_section(module.accuracy_by_value(samples, read_split(data_dir, "train")), figures_dir, rel)
     if "bleu" in by_length.columns:
         plot_bleu_by_length(dict(zip(by_length["group"], by_length["bleu"])),
                             dict(zip(by_length["group"], by_length["sentences"])), figures_dir / "bleu_by_length.png")
         lines += ["## BLEU by source length", "",
                   "Greedy sacreBLEU of the test sentences, grouped by the length of their source in words "
                   "(n: the sentences in a group).", "", f"![BLEU by source length]({rel}/bleu_by_length.png)", ""]
+    lines += summary_lines(seq2seq_summary(model, tokenizers, read_split(data_dir, "test")),
+                           "the source's <eos> (decoder self-attention: <bos>)", "test split, teacher-forced")
     columns = ["source", "reference", "greedy", *[c for c in samples.columns if c.startswith("beam")], "correct"]
-    for kind, title in (("first", "First test examples"), ("worst", "Worst test examples")):
-        chosen = samples[samples[kind]]
-        if kind == "worst":
-            chosen = chosen.sort_values("score", kind="stable")
-        lines += [f"## {title}", "", chosen[columns].to_markdown(index=False), ""]
+    lines += ["## First test examples", "", samples[samples["first"]][columns].to_markdown(index=False), ""]
+    # The worst the evaluate stage kept, by the task's score: only the wrong outputs among them
+    worst = samples[samples["worst"] & ~samples["correct"].astype(bool)].sort_values("score", kind="stable")
+    lines += ["## Worst test examples", "", worst[columns].to_markdown(index=False) if len(worst) else
+              "Every test output is correct: there is no wrong one to show.", ""]
     return lines
 
 
 @torch.no_grad()
-def lm_sections(cfg, data_dir, tokenizers, model, samples, by_length: pd.DataFrame, figures_dir: Path, rel: Path):
+def lm_sections(cfg, data_dir, tokenizers, model, samples, by_length: pd.DataFrame, figures_dir: Path, rel: Path,
+                block_size: int):
     tokenizer = tokenizers.target
     ids = encode_text(tokenizer, read_text(data_dir, "valid"))[: cfg.passage_tokens]  # (T,)
     _, layers = model.forward_with_attention(ids[None])  # per layer (1, H, T, T)
@@ -257,6 +247,8 @@ def lm_sections(cfg, data_dir, tokenizers, model, samples, by_length: pd.DataFra
              "Rows: the position predicting the next token; columns: the positions it reads. "
              "The upper triangle is empty: no position sees the future.", "",
              f"![self-attention]({rel}/{name})", ""]
+    lines += summary_lines(lm_summary(model, tokenizer, read_text(data_dir, "valid"), block_size),
+                           "the block's first token", "validation text's first blocks")
     plot_loss_by_length(by_length, figures_dir / "loss_by_length.png")
     lines += ["## Loss by context length", "",
               "Validation loss of the tokens predicted after reading 1, 2, ... tokens of their block: the "
@@ -268,25 +260,60 @@ def lm_sections(cfg, data_dir, tokenizers, model, samples, by_length: pd.DataFra
 
 
 def run(task, cfg, data_dir, tokenizer_dir, model_path, metrics_path, samples_path, lengths_path, live_dir,
-        report_path, figures_dir, losses_path):
-    """Draw the figures into a fresh directory and write report.md beside its place; then both go into
-    place together, with losses.csv: an error or Ctrl-C half way (a full disk writing report.md too) leaves
-    the previous report and its figures as they were, and a report with fewer figures than the last leaves none of the
-    last's behind."""
+        report_path, figures_dir, losses_path, page_path=None, card_path=None, scores_path=None):
+    """Draw the figures into a fresh directory and write report.md, report.html and card.html (by default
+    report.html, card.html and valid_score.csv beside report.md) beside their places; then all go into place
+    together, with losses.csv and valid_score.csv: an error or Ctrl-C half way (a full disk writing report.md too) leaves the previous report and
+    its figures as they were, and a report with fewer figures than the last leaves none of the last's behind."""
     report_path, figures_dir = Path(report_path), Path(figures_dir)
+    page_path = Path(page_path or report_path.with_suffix(".html"))
+    card_path = card_path or report_path.parent / "card.html"
+    scores_path = scores_path or report_path.parent / "valid_score.csv"
     rel = figures_dir.relative_to(report_path.parent)
+    if page_path.parent.resolve() != report_path.parent.resolve():
+        raise ValueError(f"--page {page_path}: not beside --out {report_path}, whose figures it shows")
     with files.atomic_dir(figures_dir) as drawing:
-        lines = report_lines(task, cfg, data_dir, tokenizer_dir, model_path, metrics_path, samples_path,
-                             lengths_path, Path(live_dir), drawing, rel)
-        with files.atomic_path(losses_path) as losses_tmp, files.atomic_path(report_path) as tmp:
-            losses_table(read_curves(Path(live_dir))).to_csv(losses_tmp, index=False)
-            tmp.write_text("\n".join(lines))
-    write_index(report_path.parent.parent)
+        report = report_lines(task, cfg, data_dir, tokenizer_dir, model_path, metrics_path, samples_path,
+                              lengths_path, Path(live_dir), drawing, rel)
+        markdown = "\n".join(report.lines)
+        before, after = "\n".join(report.lines[:report.view_at]), "\n".join(report.lines[report.view_at:])
+        card = card_html(task, report.lines[2], headline(get_task(task).HEADLINE, report.metrics))
+        files.written_together([
+            (losses_path, lambda tmp: losses_table(read_curves(Path(live_dir))).to_csv(tmp, index=False)),
+            (scores_path, lambda tmp: report.scores.to_csv(tmp, index=False)),
+            (report_path, lambda tmp: tmp.write_text(markdown)),
+            (page_path, lambda tmp: tmp.write_text(report_html(f"{task}: report", before, after, report.view))),
+            (card_path, lambda tmp: tmp.write_text(card))])
+
+
+class Report(NamedTuple):
+    lines: list[str]  # report.md's
+    view_at: int  # where report.html puts its attention view
+    view: dict  # that view's data
+    metrics: dict
+    scores: pd.DataFrame  # valid_score.csv
+
+
+def valid_score_table(live_dir: Path, module) -> pd.DataFrame:
+    """valid_score.csv, the plot of the validation score (step, [epoch,] score): the task's ``VALID_SCORE``
+    logged after each epoch (a translation task), or the validation loss (an LM). No rows: none was logged
+    (train.valid_score false)."""
+    name = getattr(module, "VALID_SCORE", "loss")
+    curves = read_curves(live_dir, (f"valid/{name}", "epoch"))
+    curve = curves[f"valid/{name}"]
+    if curve is None:
+        return pd.DataFrame(columns=["step", name])
+    table = curve[["step", "value"]].rename(columns={"value": name})
+    if curves["epoch"] is not None:
+        epochs = curves["epoch"][["step", "value"]].rename(columns={"value": "epoch"})
+        table = table.merge(epochs, on="step", how="left")[["step", "epoch", name]]
+    return table
 
 
 def report_lines(task, cfg, data_dir, tokenizer_dir, model_path, metrics_path, samples_path, lengths_path,
-                 live_dir: Path, figures_dir: Path, rel: Path) -> list[str]:
-    """report.md's lines, drawing its figures into ``figures_dir``, which the report links as ``rel``."""
+                 live_dir: Path, figures_dir: Path, rel: Path) -> Report:
+    """report.md's lines, drawing its figures into ``figures_dir``, which the report links as ``rel``, and the
+    attention view of report.html."""
     module = get_task(task)
     metrics, samples = read_metrics(metrics_path), read_samples(samples_path, module.KIND)
     by_length = read_lengths(lengths_path)
@@ -317,9 +344,22 @@ def report_lines(task, cfg, data_dir, tokenizer_dir, model_path, metrics_path, s
         *([stalled, ""] if stalled else []),
         *([validation, ""] if validation else []),
     ]
+    scores = valid_score_table(live_dir, module)
+    if "epoch" in scores.columns and len(scores):
+        plot_valid_score(scores, module.VALID_SCORE, figures_dir / "valid_score.png")
+        best = scores.loc[scores[module.VALID_SCORE].idxmax()]
+        lines += ["## Validation score by epoch", "",
+                  f"The task's score of the greedy outputs of the validation split after each epoch ("
+                  f"{module.VALID_SCORE}; train.valid_score), best {best[module.VALID_SCORE]:.4f} after epoch "
+                  f"{int(best['epoch'])}. It can keep rising after the validation loss stops falling.", "",
+                  f"![validation score by epoch]({rel}/valid_score.png)", ""]
+    view_at = len(lines)
     if module.KIND == "lm":
-        lines += lm_sections(cfg, data_dir, tokenizers, model, samples, by_length, figures_dir, rel)
+        lines += lm_sections(cfg, data_dir, tokenizers, model, samples, by_length, figures_dir, rel,
+                             state["block_size"])
+        view = lm_view(model, tokenizers.target, read_text(data_dir, "valid"), cfg.passage_tokens)
     else:
         lines += seq2seq_sections(module, cfg, data_dir, tokenizers, model, metrics, samples, by_length,
                                   figures_dir, rel)
-    return lines
+        view = seq2seq_view(model, tokenizers, samples)
+    return Report(lines, view_at, view, metrics, scores)

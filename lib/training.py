@@ -27,7 +27,8 @@ from lib.metrics import speed, training_flops
 from lib.run import Run
 from lib.setup import set_up
 from lib.tasks import evaluated_splits, get_task
-from lib.tokenizer import encode_pairs, encode_text
+from lib.decoding import translate
+from lib.tokenizer import decode, encode_pairs, encode_text
 from transformer.schedules import cosine_lr, noam_lr
 
 log = logging.getLogger(__name__)
@@ -179,8 +180,10 @@ def end_epoch(run: Run, cfg: TrainConfig, valid: Pairs, started: float):
     trainee, state = run.trainee, run.state
     epoch = state["epoch"]
     valid_loss = mean_loss(trainee.model, valid, trainee.ids, cfg.max_tokens, trainee.device, cfg.fast)
-    log.info("epoch %d: valid loss %.4f", epoch + 1, valid_loss)
-    run.log(epoch=epoch + 1)
+    score = validation_score(run, cfg, valid) if cfg.valid_score else {}
+    log.info("epoch %d: valid loss %.4f%s", epoch + 1, valid_loss,
+             "".join(f", {name.split('/')[1]} {value:.4f}" for name, value in score.items()))
+    run.log(epoch=epoch + 1, **score)
     improved = run.record_validation(valid_loss, {})
     run.save_model({"step": state["step"], "valid_loss": valid_loss}, run.checkpoint_dir / f"epoch-{epoch + 1}.pt")
     if run.ctx.is_main:
@@ -189,6 +192,26 @@ def end_epoch(run: Run, cfg: TrainConfig, valid: Pairs, started: float):
     state.update(epoch=epoch + 1, batches_done=0, elapsed_s=elapsed,
                  epochs_since_best=0 if improved else state["epochs_since_best"] + 1)
     run.save_last()
+
+
+VALID_EXTRA_TOKENS = 50  # a valid output may run this many tokens past its source (and stops at max_len)
+
+
+@torch.no_grad()
+def validation_score(run: Run, cfg: TrainConfig, valid: Pairs) -> dict[str, float]:
+    """The task's ``VALID_SCORE`` of the greedy outputs of the valid split, against its references as the
+    tokenizer gives them back; on the main process, which alone logs."""
+    trainee = run.trainee
+    name = getattr(get_task(trainee.task), "VALID_SCORE", None)
+    if name is None or not run.ctx.is_main:
+        return {}
+    model, was_training = trainee.model, trainee.model.training
+    model.eval()
+    outputs = translate(model, valid.src, trainee.ids, cfg.max_tokens, VALID_EXTRA_TOKENS)
+    model.train(was_training)
+    target = trainee.tokenizers.target
+    score = get_task(trainee.task).score(decode(target, outputs), decode(target, valid.tgt))[name]
+    return {f"valid/{name}": score}
 
 
 def averaged_model(run: Run, cfg: TrainConfig, valid: Pairs) -> Path | None:

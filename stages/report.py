@@ -1,16 +1,18 @@
-"""report@<task>: write report.md with the metrics, loss curves and attention heatmaps, and losses.csv."""
+"""report@<task>: write report.md with the metrics, loss curves and attention heatmaps; report.html, the same
+with an interactive attention view; card.html, the headline reports/index.html shows; losses.csv and
+valid_score.csv, the loss and validation-score plots."""
 
 from lib.cli import DIRECTORY, FILE, stage_main
 from lib.reporting import run
 
 READS = ["data", "tokenizer", "model", "metrics", "samples", "lengths", "live"]  # the paths read, as --options
-WRITES = {"out": FILE, "figures": DIRECTORY, "losses": FILE}  # and those it writes
+WRITES = {"out": FILE, "page": FILE, "card": FILE, "figures": DIRECTORY, "losses": FILE, "scores": FILE}  # and those it writes
 
 
 def main(argv=None):
     stage_main("report", READS, WRITES, lambda task, cfg, a: run(
         task, cfg, a.data, a.tokenizer, a.model, a.metrics, a.samples, a.lengths, a.live, a.out, a.figures,
-        a.losses), argv)
+        a.losses, a.page, a.card, a.scores), argv)
 
 
 if __name__ == "__main__":

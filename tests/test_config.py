@@ -173,7 +173,8 @@ CHANGED = " stage wrote; writing there would replace or change it (name a path o
     ("tokenize", {"data": "data", "out": "link/tok"}, "--out link/tok: is in --data data, which the prepare" + CHANGED),
     ("report", {"data": "data", "tokenizer": "tok", "model": "model.pt", "metrics": "metrics.json",
                 "samples": "samples.jsonl", "lengths": "l.csv", "live": "live", "out": "report.md",
-                "figures": "tok/figures", "losses": "losses.csv"},
+                "page": "report.html", "card": "card.html", "figures": "tok/figures", "losses": "losses.csv",
+                "scores": "scores.csv"},
      "--figures tok/figures: is in --tokenizer tok, which the tokenize" + CHANGED),
 ])
 def test_a_stage_output_that_is_holds_or_is_in_another_of_its_paths_is_refused(tmp_path, monkeypatch, capsys,

@@ -333,14 +333,15 @@ def test_trains_evaluates_and_ties_embeddings(tmp_path, corpus, joint):
     alpha_row = next(line for line in text.splitlines() if line.startswith("| alpha"))
     assert alpha_row.split("|")[3].strip() == f"{metrics['beam3']['alpha']:.4f}"  # beam's own score, greedy's blank
     links = [line.split("](")[1].rstrip(")") for line in text.splitlines() if line.startswith("![")]
-    assert len(links) == 1 + 2 * 3 + 1  # curves, 3 heatmaps per attention example, BLEU by source length
+    # curves, BLEU by epoch, 3 heatmaps per attention example, BLEU by source length
+    assert len(links) == 1 + 1 + 2 * 3 + 1
     by_length = pd.read_csv(reports / "by_length.csv")  # the tiny corpus's sentences have 4-6 words:
     assert by_length.to_dict("list") == {"group": ["01-07"], "length": [1], "sentences": [6],
                                          "bleu": [metrics["greedy"]["bleu"]]}
     assert not any("by_length" in key for key in metrics)  # a plot, not a metric each
     for link in links:
         assert (reports / link).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "[multi30k](multi30k/report.md)" in (tmp_path / "reports" / "index.md").read_text()
+    assert "<td>greedy.bleu</td>" in (reports / "card.html").read_text()
 
 
 def test_time_budget_stops_and_a_rerun_resumes_to_the_same_steps(tmp_path, corpus):

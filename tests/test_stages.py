@@ -30,6 +30,7 @@ from lib.cli import DIRECTORY, FILE, HOLDS, INPUTS
 from lib.config import ConfigError
 from lib.params import stage_config
 from lib.data import collate, read_split, read_text, token_budget_batches
+from lib.decoding import translate
 from transformer.masks import padding_mask, target_mask
 from transformer.model import build_model, parameter_counts
 from transformer.loss import smoothed_loss_floor
@@ -328,8 +329,9 @@ def test_report_links_only_existing_pngs(built):
     assert f"before any update, was {first:.2f} nats a token" in text
     assert "The validation loss, over 2 evaluations, was lowest at step" in text  # TINY_PARAMS: 2 epochs
     links = [line.split("](")[1].rstrip(")") for line in text.splitlines() if line.startswith("![")]
-    # curves, 3 heatmaps per attention example, accuracy by length, 3 heatmaps where it breaks
-    assert len(links) == 1 + 3 * 2 + 1 + 3
+    # curves, validation score, 3 heatmaps per attention example, accuracy by length, 3 heatmaps where it
+    # breaks, accuracy by target value
+    assert len(links) == 1 + 1 + 3 * 2 + 1 + 3 + 1
     for link in links:
         png = (built["report"].parent / link).read_bytes()
         assert png[:8] == b"\x89PNG\r\n\x1a\n"
@@ -354,6 +356,7 @@ def test_a_report_is_drawn_whole_or_leaves_the_last_one_as_it_was(tmp_path, buil
     for png in figures.iterdir():  # marked, to tell the last report's figures from ones drawn again alike
         png.write_bytes(b"the last report's " + png.name.encode())
     before, text = {p.name: p.read_bytes() for p in figures.iterdir()}, report.read_text()
+    pages = {name: (report.parent / name).read_bytes() for name in ("report.html", "card.html")}
 
     def disk_full(*args):
         raise OSError("disk full")
@@ -362,12 +365,14 @@ def test_a_report_is_drawn_whole_or_leaves_the_last_one_as_it_was(tmp_path, buil
     with pytest.raises(OSError, match="disk full"):
         draw(1)  # the example figures are drawn before the accuracy by length
     assert {p.name: p.read_bytes() for p in figures.iterdir()} == before and report.read_text() == text
-    assert sorted(p.name for p in report.parent.iterdir()) == ["figures", "losses.csv", "report.md"]
+    assert sorted(p.name for p in report.parent.iterdir()) == ["card.html", "figures", "losses.csv", "report.html",
+                                                               "report.md", "valid_score.csv"]
     monkeypatch.undo()
     disk_full_writing(monkeypatch, "report.md")  # every figure drawn, then report.md fails
     with pytest.raises(OSError, match=f"No space left on device: '{report}'"):
         draw(1)
     assert {p.name: p.read_bytes() for p in figures.iterdir()} == before and report.read_text() == text
+    assert {name: (report.parent / name).read_bytes() for name in pages} == pages
     monkeypatch.undo()
     assert "cross_attention_2.png" in before and "_2.png" in text
     assert sorted(draw(1)) == sorted(name for name in before if not name.endswith("_2.png"))
@@ -399,12 +404,13 @@ def test_where_it_breaks_shows_a_wrong_sequence_of_that_length_and_the_steps_tha
     assert (built["figures"] / "cross_attention_breaks.png").is_file()
 
 
-def test_index_links_each_report_with_its_headline(built):
-    index = (built["report"].parents[1] / "index.md").read_text()
+def test_the_card_shows_the_headline_and_links_the_report(built):
+    """card.html, which reports/index.html frames: the task's HEADLINE metrics, as its metrics.json says."""
+    card = (built["report"].parent / "card.html").read_text()
     metrics = json.loads(built["metrics"].read_text())
-    assert "[cumsum](cumsum/report.md)" in index
-    assert f"greedy.exact_match {metrics['greedy']['exact_match']:.4f}" in index
-    assert f"exact_up_to_length {metrics['exact_up_to_length']}" in index
+    assert '<a href="report.html" target="_top">cumsum</a>' in card
+    assert f"<td>greedy.exact_match</td><td class=num>{metrics['greedy']['exact_match']:.4f}</td>" in card
+    assert f"<td>exact_up_to_length</td><td class=num>{metrics['exact_up_to_length']}</td>" in card
 
 
 SAMPLE = '{"split": "test", "source": "1 2", "reference": "1 3", "greedy": "1 3", "correct": true, "score": 1.0'
@@ -434,28 +440,31 @@ def test_an_evaluate_output_not_as_evaluate_writes_it_is_named_and_the_last_repo
             "--model", str(built["model"]), "--metrics", str(reports / "metrics.json"),
             "--samples", str(reports / "samples.jsonl"), "--lengths", str(built["lengths"]),
             "--live", str(reports / "train"), "--out", str(reports / "report.md"), "--figures", str(reports / "figures"),
-            "--losses", str(reports / "losses.csv")]
+            "--losses", str(reports / "losses.csv"), "--page", str(reports / "report.html"),
+            "--card", str(reports / "card.html"), "--scores", str(reports / "valid_score.csv")]
     assert run_stage("report", argv) == 2
     said = last_line(capsys.readouterr().err)
     assert said == f"report@cumsum: error: {reports / name}: {found}; re-run the evaluate stage"
     assert (reports / "report.md").read_bytes() == before
 
 
-def test_another_tasks_unreadable_metrics_leave_its_index_row_bare_with_a_warning(tmp_path, built, caplog):
-    """reports/index.md reads every task's metrics.json: one another task's evaluate stage left unreadable is
-    named, and its row has no figures, where it had stopped this task's report (its JSONDecodeError)."""
-    shutil.copytree(built["report"].parent, tmp_path / "cumsum")
-    (tmp_path / "other").mkdir()
-    (tmp_path / "other" / "report.md").write_text("# other: report\n")
-    (tmp_path / "other" / "metrics.json").write_text("{")
-    with caplog.at_level("WARNING", logger="lib.reporting"):
-        reporting.write_index(tmp_path)
-    assert caplog.messages == [f"{tmp_path / 'other' / 'metrics.json'}: not JSON at line 1, column 2 (Expecting "
-                               "property name enclosed in double quotes); re-run the evaluate stage (reports/index.md "
-                               "shows no metrics for it)"]
-    rows = (tmp_path / "index.md").read_text().splitlines()
-    assert [row for row in rows if "[other]" in row][0].split("|")[2].strip() == ""
-    assert "greedy.exact_match" in [row for row in rows if "[cumsum]" in row][0]
+def test_the_validation_score_by_epoch_is_the_score_of_that_epochs_greedy_outputs(tmp_path, built, tiny_params):
+    """train.valid_score: after each epoch the exact match of the greedy valid outputs, logged and drawn; the
+    decoding leaves training as it was (off, the same weights)."""
+    scores = pd.read_csv(built["report"].parent / "valid_score.csv")
+    assert list(scores.columns) == ["step", "epoch", "exact_match"] and scores["epoch"].tolist() == [1, 2]
+    state = checkpoint.load(built["model"])  # the best epoch's weights: its score is the one logged for it
+    model, tokenizers, _ = checkpoint.load_trained(built["model"], built["tokenizer"], task="cumsum")
+    valid = tokenizer.encode_pairs(tokenizers, read_split(built["data"], "valid"))
+    outputs = tokenizer.decode(tokenizers.target, translate(model, valid.src, tokenizer.special_ids(tokenizers),
+                                                            1024, 50))
+    expected = cumsum.score(outputs, tokenizer.decode(tokenizers.target, valid.tgt))["exact_match"]
+    assert scores.set_index("step").loc[state["step"], "exact_match"] == pytest.approx(expected)
+    tiny_params["cumsum"]["train"]["valid_score"] = False
+    train_into(tmp_path, tiny_params, built)
+    assert not (tmp_path / "live" / "plots" / "metrics" / "valid" / "exact_match.tsv").exists()
+    off, on = checkpoint.load(tmp_path / "model.pt")["model"], state["model"]
+    assert all(torch.equal(off[name], on[name]) for name in on)
 
 
 def test_raising_epochs_resumes_to_the_same_model(tmp_path, built, tiny_params):

@@ -5,9 +5,10 @@ elsewhere, a frozen ``FetchConfig`` and ``fetch(cfg, out_dir)`` putting the
 source files there and returning their names (lib.sources); a frozen
 ``PrepareConfig`` and ``prepare(cfg, out_dir, source_dir)`` writing its splits, ``tokenizer_texts(cfg,
 data_dir, side)`` giving the training text a tokenizer learns from (side:
-source, target or both), ``HEADLINE`` (the metrics reports/index.md shows),
-and, for seq2seq tasks, ``score(hypotheses, references)`` and
-``sentence_score`` returning its metrics. Every task's evaluate stage also
+source, target or both), ``HEADLINE`` (the metrics its card in reports/index.html
+shows), and, for seq2seq tasks, ``score(hypotheses, references)`` and
+``sentence_score`` returning its metrics, and ``VALID_SCORE``, the one of them
+training logs after each epoch. Every task's evaluate stage also
 writes a score by length (by_length.csv: a ``length`` column, the score last).
 A seq2seq task gives it either by naming one more split to decode,
 ``EXTRA_SPLIT``, with ``split_metrics(frame, hypotheses, test)`` returning its

@@ -23,7 +23,8 @@ from lib.config import ConfigError, check_seed, require
 from lib.data import read_split
 
 KIND = "seq2seq"
-HEADLINE = ("greedy.exact_match", "greedy.token_accuracy", "exact_up_to_length")  # reports/index.md
+HEADLINE = ("greedy.exact_match", "greedy.token_accuracy", "exact_up_to_length")  # its card in reports/index.html
+VALID_SCORE = "exact_match"  # of score(): logged after each epoch (train.valid_score)
 EXTRA_SPLIT = "lengths"  # evaluate decodes it too: split_metrics scores it, samples.jsonl keeps its outputs
 EXTRA_SPLIT_LONGEST = "prepare.vocab_length"  # the param that sets its longest sequence (in digits)
 
@@ -151,8 +152,8 @@ def split_metrics(study: pd.DataFrame, hypotheses: list[str], test: pd.DataFrame
 def exact_up_to(by_length: dict, shortest: int) -> int:
     """The longest length L such that most sequences of every length from ``shortest`` (the shortest trained
     one) up to L come out exact; 0 when not even those of length ``shortest`` do. How far length
-    generalisation holds, in one number, for reports/index.md and a column of `dvc exp show`: trained on
-    4-12, 12 means nothing longer came out right. Lengths below ``shortest`` do not count."""
+    generalisation holds, in one number, for the task's card and a column of `dvc exp show`: trained on 4-12,
+    12 means nothing longer came out right. Lengths below ``shortest`` do not count."""
     longest = 0
     for length, share in lengths_as_numbers(by_length).items():
         if length < shortest:
@@ -172,6 +173,19 @@ def breaking_length(by_length: dict) -> int | None:
         if failing:
             return failing[0]
     return None
+
+
+def accuracy_by_value(samples: pd.DataFrame, train: pd.DataFrame) -> pd.DataFrame:
+    """Greedy token accuracy on the test split by the target value (a running sum), with how often that value
+    is a target token in training: the rare large sums are where the model guesses a common one."""
+    test = samples[samples["split"] == "test"]
+    rows = [(value, hypothesis[t] == value if t < len(hypothesis) else False)
+            for reference, greedy in zip(test["reference"], test["greedy"].fillna(""))
+            for hypothesis in [greedy.split()] for t, value in enumerate(reference.split())]
+    table = pd.DataFrame(rows, columns=["value", "correct"]).astype({"value": int})
+    table = table.groupby("value")["correct"].agg(tokens="size", accuracy="mean").reset_index()
+    seen = train["tgt"].str.split().explode().astype(int).value_counts()
+    return table.assign(train_count=table["value"].map(seen).fillna(0).astype(int))
 
 
 def sentence_score(hypothesis: str, reference: str) -> float:

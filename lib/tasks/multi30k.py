@@ -26,7 +26,8 @@ from lib.data import read_split, split_path
 from lib.sources import download, is_url, offline_fix, read_manifest
 
 KIND = "seq2seq"
-HEADLINE = ("greedy.bleu", "beam*.bleu", "greedy.chrf", "valid_perplexity")  # reports/index.md
+HEADLINE = ("greedy.bleu", "beam*.bleu", "greedy.chrf", "valid_perplexity")  # its card in reports/index.html
+VALID_SCORE = "bleu"  # of score(): logged after each epoch (train.valid_score)
 LANGUAGES = ("de", "en", "fr", "cs")
 # Our split name -> the raw files' prefix and the hub data set's split.
 SPLIT_FILES = {"train": "train", "valid": "val", "test": "test_2016_flickr"}

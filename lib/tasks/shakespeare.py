@@ -15,7 +15,7 @@ from lib.data import read_text, text_path
 from lib.sources import download, is_url, sha256
 
 KIND = "lm"
-HEADLINE = ("loss", "bits_per_char")  # reports/index.md
+HEADLINE = ("loss", "bits_per_char")  # its card in reports/index.html
 TEXT = "input.txt"  # the fetched text, in sources/shakespeare
 
 
