@@ -94,6 +94,27 @@ def lm_view(model, tokenizer, text: str, passage_tokens: int) -> dict:
             "examples": examples}
 
 
+# lib.inference's kinds of attention, by the view's names, with what their rows and columns are.
+INFERENCE_KINDS = {"encoder self-attention": ("encoder self", "source", "source"),
+                   "decoder self-attention": ("decoder self", "output", "decoder input"),
+                   "cross-attention": ("cross", "output", "source"),
+                   "self-attention": ("self", "text", "text")}
+
+
+def served_view(attentions: dict, title: str, text: dict[str, str]) -> dict:
+    """The view's data for one text from ``lib.inference``'s ``attention()`` (kind -> Attention: layers, rows,
+    cols), as the served model's page shows it."""
+    kinds, tokens, weights = {}, {}, {}
+    for name, attention in attentions.items():
+        kind, rows, cols = INFERENCE_KINDS[name]
+        kinds[kind] = {"rows": rows, "cols": cols}
+        tokens[rows], tokens[cols] = attention.rows, attention.cols
+        weights[kind] = [hundredths(w) for w in attention.layers]
+    first = next(iter(attentions.values())).layers
+    return {"kinds": kinds, "layers": len(first), "heads": first[0].size(0),
+            "examples": [{"title": title, "text": text, "tokens": tokens, "weights": weights}]}
+
+
 def head_statistics(weights: torch.Tensor, rows: torch.Tensor, sink: torch.Tensor) -> dict:
     """Sums over the real rows of a batch's weights (B, H, Q, K) of one layer: each head's entropy, weight on
     the same position, on the previous one and on ``sink`` (B,) (the source's <eos>, or the first position);

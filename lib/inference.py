@@ -391,11 +391,19 @@ class LanguageModel:
         return {"self-attention": Attention([w[0].float().cpu() for w in layers], labels, labels)}
 
 
-def load(directory: str | Path, device: str | torch.device = "cpu") -> Translator | LanguageModel:
+def load(directory: str | Path, device: str | torch.device = "cpu", task: str | None = None
+         ) -> Translator | LanguageModel:
     """The model in ``directory`` (model.pt and tokenizer/, as the train and tokenize stages write them): a
     Translator for a seq2seq model, a LanguageModel for an LM, in eval mode on ``device`` ("auto": a GPU
-    where there is one). A leading ``~`` in ``directory`` is the home directory."""
-    model, tokenizers, state = checkpoint.load_directory(directory, device_named(device))
+    where there is one); with ``task``, one trained for it. A leading ``~`` in ``directory`` is the home
+    directory. ``.state``: what model.pt records beside the weights (its config, step, validation loss)."""
+    model, tokenizers, state = checkpoint.load_directory(directory, device_named(device), task=task)
+    loaded = _loaded(model, tokenizers, state)
+    loaded.state = {key: value for key, value in state.items() if key != "model"}
+    return loaded
+
+
+def _loaded(model, tokenizers, state: dict) -> Translator | LanguageModel:
     if state["kind"] == "lm":
         return LanguageModel(model, tokenizers, state["block_size"])
     return Translator(model, tokenizers)

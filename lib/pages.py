@@ -23,6 +23,7 @@ def page(title: str, body: str, script: str = "") -> str:
     tail = f"<script>\n{script}\n</script>\n" if script else ""
     return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+            '<link rel="icon" href="data:,">\n'  # no favicon request
             f"<title>{html.escape(title)}</title>\n<style>\n{style}</style>\n</head>\n<body>\n{body}\n{tail}"
             "</body>\n</html>\n")
 
@@ -78,17 +79,24 @@ VIEW_CONTROLS = "".join(f'<label>{name} <select id="av-{key}"></select></label>'
                         (("example", "Example"), ("kind", "Attention"), ("layer", "Layer"), ("head", "Head")))
 
 
+HOW_TO_READ = ("Click or hover a token at the left of a matrix (a position reading) to see what it reads, or one "
+               "above it (a token read) to see what reads it. In cross-attention a row is an output token and its "
+               "weights over the source are its alignment.")
+
+
+def attention_view(intro: str, view: dict | None = None) -> str:
+    """The interactive attention view: its controls and the places the script draws into; with ``view``, its
+    data as the JSON island the script reads (the app gives it each reply's instead)."""
+    return (f'<section id="attention-view"><h2>Attention, explored</h2>\n<p>{intro} {HOW_TO_READ}</p>\n'
+            f'<div class="controls">{VIEW_CONTROLS}</div>\n<pre id="av-text"></pre>\n<p class="legend" id="av-axes">'
+            '</p>\n<p class="readout" id="av-readout"></p>\n<div class="heads" id="av-heads"></div>\n'
+            + (json_script("attention-data", view) if view is not None else "") + "</section>")
+
+
 def attention_section(view: dict) -> str:
-    """The interactive attention view: its controls, the places the script draws into, its data and script."""
-    return (
-        '<section id="attention-view"><h2>Attention, explored</h2>\n'
-        f"<p>{len(view['examples'])} examples, every kind of attention, layer and head, weights rounded to "
-        "hundredths. Click or hover a token at the left of a matrix (a position reading) to see what it reads, "
-        "or one above it (a token read) to see what reads it. In cross-attention a row is an output token and "
-        "its weights over the source are its alignment.</p>\n"
-        f'<div class="controls">{VIEW_CONTROLS}</div>\n<pre id="av-text"></pre>\n<p class="legend" id="av-axes">'
-        '</p>\n<p class="readout" id="av-readout"></p>\n<div class="heads" id="av-heads"></div>\n'
-        + json_script("attention-data", view) + "</section>")
+    """The report's attention view, over its examples."""
+    return attention_view(f"{len(view['examples'])} examples, every kind of attention, layer and head, weights "
+                          "rounded to hundredths.", view)
 
 
 def report_html(title: str, before: str, after: str, view: dict) -> str:

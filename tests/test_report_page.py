@@ -40,13 +40,14 @@ def browser():
 class Visit:
     """A page opened in the browser, with what it logged as an error and every URL it requested."""
 
-    def __init__(self, browser, path):
+    def __init__(self, browser, where):
+        """``where``: a file, or a URL."""
         self.page = browser.new_page(viewport={"width": 1200, "height": 900})
         self.errors, self.requests = [], []
         self.page.on("console", lambda message: self.errors.append(message.text) if message.type == "error" else None)
         self.page.on("pageerror", lambda error: self.errors.append(str(error)))
         self.page.on("request", lambda request: self.requests.append(request.url))
-        self.page.goto(path.as_uri())
+        self.page.goto(where if isinstance(where, str) else where.as_uri())
 
 
 def picked_weights(page) -> list[int]:

@@ -1,10 +1,11 @@
-// The report's attention view: pick an example, a kind of attention, a layer and a head (or all heads), then
-// click or hover a token. A row token (a position reading) shows the weights of what it reads; a column token
-// (a token read) shows what reads it. The data is the JSON island #attention-data, in hundredths.
+// The attention view of the report page and of the served model's page: pick an example, a kind of attention,
+// a layer and a head (or all heads), then click or hover a token. A row token (a position reading) shows the
+// weights of what it reads; a column token (a token read) shows what reads it. The weights are hundredths:
+// the report's come from the JSON island #attention-data, the app's from each reply (showAttention(data)).
 "use strict";
 
-(function () {
-  const data = JSON.parse(document.getElementById("attention-data").textContent);
+const showAttention = (function () {
+  let data = null;
   const $ = (id) => document.getElementById(id);
   const controls = { example: $("av-example"), kind: $("av-kind"), layer: $("av-layer"), head: $("av-head") };
   let picked = null; // the token clicked, {axis: "row" | "col", index}: it stays
@@ -17,11 +18,22 @@
     select.appendChild(item);
   }
 
-  data.examples.forEach((example, i) => option(controls.example, i, example.title));
-  Object.keys(data.kinds).forEach((kind) => option(controls.kind, kind, kind));
-  for (let layer = 0; layer < data.layers; layer++) option(controls.layer, layer, `layer ${layer + 1}`);
-  option(controls.head, "all", "all heads");
-  for (let head = 0; head < data.heads; head++) option(controls.head, head, `head ${head + 1}`);
+  // New data: the controls offer its examples, kinds, layers and heads, keeping what was chosen where it can.
+  function load(next) {
+    const kept = Object.fromEntries(Object.entries(controls).map(([name, select]) => [name, select.value]));
+    data = next;
+    Object.values(controls).forEach((select) => select.replaceChildren());
+    data.examples.forEach((example, i) => option(controls.example, i, example.title));
+    Object.keys(data.kinds).forEach((kind) => option(controls.kind, kind, kind));
+    for (let layer = 0; layer < data.layers; layer++) option(controls.layer, layer, `layer ${layer + 1}`);
+    option(controls.head, "all", "all heads");
+    for (let head = 0; head < data.heads; head++) option(controls.head, head, `head ${head + 1}`);
+    Object.entries(controls).forEach(([name, select]) => {
+      if ([...select.options].some((item) => item.value === kept[name])) select.value = kept[name];
+    });
+    picked = null;
+    draw();
+  }
 
   function current() {
     const example = data.examples[Number(controls.example.value)];
@@ -122,5 +134,7 @@
   }
 
   Object.values(controls).forEach((select) => select.addEventListener("change", draw));
-  draw();
+  const island = document.getElementById("attention-data");
+  if (island) load(JSON.parse(island.textContent));
+  return load;
 })();

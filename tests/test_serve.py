@@ -1,0 +1,178 @@
+"""lib.serve: the JSON API through Flask's test client, the page in a real browser, and a bounded load against
+127.0.0.1."""
+
+import json
+import shutil
+import threading
+
+import pytest
+import torch
+from werkzeug.serving import make_server
+
+from benchmarks.serve_load import hammer
+from lib import generate, inference
+from lib.serve import MOST_BEAM, MOST_BODY, MOST_CHARS, create_app
+from tests.test_lm import lm_built, models_dir  # noqa: F401 (fixtures: the tiny LM)
+from tests.test_report_page import Visit, browser  # noqa: F401 (the headless Chromium, a fixture)
+from tests.test_stages import built  # noqa: F401 (the tiny cumsum pipeline, a fixture)
+
+
+@pytest.fixture(scope="module")
+def models(built, tmp_path_factory):
+    """The tiny cumsum model laid out as `dvc repro` leaves it: model.pt and tokenizer/."""
+    directory = tmp_path_factory.mktemp("served") / "cumsum"
+    shutil.copytree(built["tokenizer"], directory / "tokenizer")
+    shutil.copyfile(built["model"], directory / "model.pt")
+    return directory
+
+
+@pytest.fixture(scope="module")
+def client(models, built):
+    return create_app("cumsum", models, built["metrics"]).test_client()
+
+
+def test_health_and_info(client, built):
+    assert client.get("/healthz").json == {"status": "ok"}
+    info = client.get("/api/info").json
+    assert info["task"] == "cumsum" and info["kind"] == "seq2seq"
+    assert info["metrics"] == json.loads(built["metrics"].read_text())
+    assert info["trained_with"]["model_config"]["d_model"] == 16 and "step" in info["trained_with"]
+
+
+def test_a_translation_equals_lib_generates_alone_and_as_a_batch(client, models, tmp_path):
+    sources = ["1 2 3 4", "9 8 7", "5 5 5 5 5 5"]
+    (tmp_path / "in.txt").write_text("\n".join(sources) + "\n")
+    for beam in (1, 3):
+        generate.main(["--task", "cumsum", "--models", str(models), "--beam-size", str(beam),
+                       "--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "out.txt")])
+        expected = (tmp_path / "out.txt").read_text().splitlines()
+        batch = client.post("/api/translate", json={"text": sources, "beam_size": beam}).json
+        assert [r["translation"] for r in batch["results"]] == expected
+        alone = client.post("/api/translate", json={"text": sources[0], "beam_size": beam}).json
+        assert alone["translation"] == expected[0] and alone["warnings"] == []
+
+
+def test_n_best_and_the_attention_are_the_models(client, models):
+    reply = client.post("/api/translate", json={"text": "3 1 4", "beam_size": 3, "n_best": 2,
+                                                "attention": True}).json
+    translator = inference.load(models)
+    best = translator.n_best("3 1 4", 2, 3)
+    assert [o["text"] for o in reply["n_best"]] == [o.text for o in best]
+    assert reply["n_best"][0]["score"] == pytest.approx(best[0].score)
+    view = reply["attention"]
+    assert set(view["kinds"]) == {"encoder self", "decoder self", "cross"}
+    cross = translator.attention("3 1 4", best[0].text)["cross-attention"]
+    assert view["examples"][0]["weights"]["cross"][0] == (cross.layers[0] * 100).round().int().tolist()
+    assert view["examples"][0]["tokens"]["source"] == cross.cols
+
+
+@pytest.mark.parametrize("body, status, field", [
+    ({"text": 5}, 400, "text"),
+    ({"text": []}, 400, "text"),
+    ({"text": ["1 2"] * 65}, 400, "text"),
+    ({"text": ""}, 400, "text"),
+    ({"text": "1" * (MOST_CHARS + 1)}, 400, "text"),
+    ({"text": "1 2", "beam_size": 0}, 400, "beam_size"),
+    ({"text": "1 2", "beam_size": MOST_BEAM + 1}, 400, "beam_size"),
+    ({"text": "1 2", "beam_size": 2.5}, 400, "beam_size"),
+    ({"text": "1 2", "beam_size": True}, 400, "beam_size"),
+    ({"text": "1 2", "beam_size": 2, "n_best": 3}, 400, "n_best"),
+    ({"text": "1 2", "alpha": -1}, 400, "alpha"),
+    ({"text": "1 2", "alpha": "high"}, 400, "alpha"),
+    ({"text": "1 2", "attention": "yes"}, 400, "attention"),
+    ({"text": "1 2", "colour": "red"}, 400, "colour"),
+    ({"beam_size": 2}, 400, "text"),
+    ([1, 2], 400, "body"),
+])
+def test_a_bad_request_is_a_json_4xx_naming_the_field_and_the_server_keeps_serving(client, body, status, field):
+    reply = client.post("/api/translate", json=body)
+    assert reply.status_code == status and reply.json["field"] == field and reply.json["error"].startswith(field)
+    assert client.post("/api/translate", json={"text": "1 2"}).status_code == 200
+
+
+def test_what_is_not_a_request_to_this_model_is_a_json_4xx(client):
+    assert client.post("/api/translate", data="not json").json["field"] == "body"
+    assert client.post("/api/translate", data="{", content_type="application/json").status_code == 400
+    assert client.post("/api/translate", data="x" * (MOST_BODY + 1), content_type="application/json"
+                       ).status_code == 413
+    assert client.get("/api/translate").status_code == 405
+    assert client.get("/nowhere").status_code == 404
+    wrong = client.post("/api/generate", json={"prompt": "1 2"})
+    assert wrong.status_code == 404 and "this server's model (cumsum) takes /api/translate" in wrong.json["error"]
+    for reply in (client.get("/nowhere"), client.get("/api/translate")):
+        assert reply.is_json and "Traceback" not in reply.get_data(as_text=True)
+
+
+def test_a_model_of_another_task_is_refused_at_start(models):
+    with pytest.raises(ValueError, match="was trained for the cumsum task, not multi30k"):
+        create_app("multi30k", models)
+
+
+@pytest.fixture(scope="module")
+def lm_client(lm_built, tmp_path_factory):
+    return create_app("shakespeare", models_dir(lm_built, tmp_path_factory.mktemp("lm_served"))).test_client()
+
+
+def test_the_lm_streams_what_it_samples_and_replies_in_json_too(lm_client, lm_built, tmp_path):
+    options = {"prompt": "ROMEO:", "max_new_tokens": 40, "temperature": 0.8, "top_k": 5, "seed": 3}
+    lm = inference.load(models_dir(lm_built, tmp_path))
+    expected = lm.sample("ROMEO:", 40, 0.8, 5, seed=3)
+    reply = lm_client.post("/api/generate", json=options).json
+    assert reply["text"] == expected and reply["continuation"] == expected[len("ROMEO:"):]
+    streamed = lm_client.post("/api/generate", json={**options, "stream": True})
+    assert streamed.mimetype == "text/event-stream"
+    events = streamed.get_data(as_text=True).split("\n\n")
+    pieces = [json.loads(event[6:]) for event in events if event.startswith("data: ")]
+    assert len(pieces) > 1 and "ROMEO:" + "".join(pieces) == expected and "event: end" in events[-2]
+    shown = lm_client.post("/api/attention", json={"text": expected}).json["attention"]
+    assert list(shown["kinds"]) == ["self"] and shown["examples"][0]["tokens"]["text"][:6] == list("ROMEO:")
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"prompt": "R", "temperature": 0}, "temperature"),
+    ({"prompt": "R", "max_new_tokens": 100_000}, "max_new_tokens"),
+    ({"prompt": "R", "top_p": 0}, "top_p"),
+    ({"prompt": "R", "seed": -1}, "seed"),
+    ({"prompt": "  "}, "prompt"),
+    ({"prompt": "R", "stream": 1}, "stream"),
+])
+def test_a_bad_lm_request_is_a_400_naming_the_field(lm_client, body, field):
+    reply = lm_client.post("/api/generate", json=body)
+    assert reply.status_code == 400 and reply.json["field"] == field
+    assert lm_client.post("/api/translate", json={"text": "R"}).status_code == 404
+
+
+@pytest.fixture(scope="module")
+def live(models, built):
+    """The app served for real on 127.0.0.1, a free port, in a thread."""
+    server = make_server("127.0.0.1", 0, create_app("cumsum", models, built["metrics"]), threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+
+
+def test_the_page_translates_what_is_typed_and_shows_its_attention(browser, live, models):
+    visit = Visit(browser, live + "/")
+    page = visit.page
+    page.fill("#input", "2 7 1")
+    page.click("#submit")
+    page.wait_for_selector("#av-heads table")
+    assert page.text_content("#output") == inference.load(models).translate("2 7 1")
+    assert page.locator("#av-example option").first.text_content() == "2 7 1"
+    page.locator("#av-heads table").first.locator('tbody th[data-index="1"]').click()
+    assert page.locator("#av-heads tr.picked").count() >= 1
+    page.fill("#input", "")
+    page.click("#submit")
+    page.wait_for_function("document.getElementById('notes').textContent.length > 0")
+    assert page.text_content("#notes") == "text: empty"
+    assert visit.errors == ["Failed to load resource: the server responded with a status of 400 (BAD REQUEST)"]
+    assert all(url.startswith(live) for url in visit.requests), visit.requests
+    page.close()
+
+
+def test_eight_clients_two_hundred_requests_no_error(live):
+    """The load benchmark's own loop, bounded: it stops by itself; its figures go to RESULTS.md, not here."""
+    for body in ({"text": "1 2 3 4 5"}, {"text": "1 2 3 4 5", "beam_size": 5}):
+        stats = hammer(live + "/api/translate", body, clients=8, requests=200)
+        assert stats["errors"] == 0 and stats["requests"] == 200
