@@ -33,7 +33,8 @@ def draw_translation_attention(model, tokenizers, lines: list[str], translations
             "For each line, one panel per layer (rows) and head (columns). Decoder rows are the steps of the "
             "output, labelled by the token each chose (with --score, the token given); columns are the tokens it "
             "reads.", ""]
-    with tqdm(total=len(numbers), desc="drawing attention", unit="line", leave=False) as progress:  # ~1-3 s a line
+    # disable=None: a bar at a terminal only, never frames in a log
+    with tqdm(total=len(numbers), desc="drawing attention", unit="line", leave=False, disable=None) as progress:
         for first in range(0, len(numbers), ATTENTION_BATCH):
             chunk = numbers[first:first + ATTENTION_BATCH]
             pairs = Pairs([written[n][0] for n in chunk], [written[n][1][0].tokens for n in chunk])  # the best output

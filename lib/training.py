@@ -131,7 +131,7 @@ def seq2seq_epoch(run: Run, cfg: TrainConfig, train: Pairs, clock: StepClock, st
 
     # A with: an error or Ctrl-C clears the bar too, so that the stage's one-line message starts a line.
     with tqdm(desc=f"epoch {epoch + 1}/{cfg.epochs}", initial=state["batches_done"], total=len(batches),
-              leave=False, disable=not ctx.is_main) as progress:
+              leave=False, disable=None if ctx.is_main else True) as progress:  # None: at a terminal only
         upcoming, loaded = (load(todo[0]), 1) if todo else (None, 0)
         for group in steps:
             clock.start()
@@ -310,7 +310,7 @@ def train_lm(task, cfg: LMTrainConfig, data_dir, tokenizer_dir, model_path, chec
     clock = StepClock()
     with signals.held_to_step_ends(ctx.world == 1), \
             tqdm(range(run.state["step"], cfg.max_iters), initial=run.state["step"], total=cfg.max_iters,
-                 leave=False, disable=not ctx.is_main) as progress:  # cleared on an error too, as in seq2seq
+                 leave=False, disable=None if ctx.is_main else True) as progress:  # as in seq2seq
         for _ in progress:
             clock.start()
             run.state["step"] += 1

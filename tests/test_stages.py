@@ -1525,3 +1525,37 @@ def test_the_tour_runs_as_written():
 
     result = doctest.testfile(str(ROOT / "docs" / "tour.md"), module_relative=False, report=True)
     assert result.attempted > 60 and result.failed == 0
+
+
+def test_progress_bars_at_a_terminal_plain_epoch_lines_in_a_log(tmp_path, built, tiny_params):
+    """tqdm drew carriage-return frames into `dvc repro > log` too: a fresh clone's log held 348 kB of them."""
+    import fcntl
+    import pty
+    import termios
+
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(tiny_params))
+    argv = [sys.executable, "-m", "stages.train", "cumsum", "--params", str(params), "--data", str(built["data"]),
+            "--tokenizer", str(built["tokenizer"])]
+    logged = subprocess.run(argv + ["--model", str(tmp_path / "a.pt"), "--checkpoints", str(tmp_path / "a"),
+                                    "--live", str(tmp_path / "a_live")], cwd=ROOT, capture_output=True, text=True)
+    assert logged.returncode == 0 and "\r" not in logged.stderr
+    assert "epoch 1: valid loss" in logged.stderr and "epoch 2: valid loss" in logged.stderr
+    main, terminal = pty.openpty()  # stderr at a terminal, 100 columns wide: the bars are drawn
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 100, 0, 0))
+    shown = subprocess.Popen(argv + ["--model", str(tmp_path / "b.pt"), "--checkpoints", str(tmp_path / "b"),
+                                     "--live", str(tmp_path / "b_live")], cwd=ROOT, stdout=subprocess.DEVNULL,
+                             stderr=terminal)
+    os.close(terminal)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:  # the terminal's other end closed: the process is done
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(main)
+    assert shown.wait(timeout=60) == 0
+    assert b"\repoch 1/2:" in seen and b"it/s" in seen
