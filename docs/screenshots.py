@@ -29,7 +29,10 @@ def main():
             page.select_option(f"#av-{control}", getattr(args, control))
         page.locator("#av-heads table").first.locator(f'tbody th[data-index="{args.row}"]').click()
         page.mouse.move(0, 0)
-        page.locator("#attention-view").screenshot(path=str(args.out))
+        box = page.locator("#attention-view").evaluate(  # in the page's coordinates: nothing scrolls
+            "e => { const r = e.getBoundingClientRect(); "
+            "return {x: r.left + scrollX, y: r.top + scrollY, width: r.width, height: r.height}; }")
+        page.screenshot(path=str(args.out), full_page=True, clip=box)
         browser.close()
 
 
