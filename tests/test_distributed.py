@@ -123,7 +123,7 @@ def test_two_processes_train_the_same_model_as_one(runs):
 
 
 def test_two_machines_meeting_at_a_rendezvous_train_the_same_model_as_one(runs):
-    """The README's two-machine command, both "machines" here: two launchers of the same command, one process
+    """docs/distributed.md's two-machine command, both "machines" here: two launchers of the same command, one process
     each, that find each other at a c10d rendezvous endpoint (which numbers them as they arrive: rank 0 may be
     either). Each runs in a directory of its own, which its relative output paths lead into, as on machines
     that share no file system: what rank 0 writes is what one process writes, and rank 1 writes nothing."""

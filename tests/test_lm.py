@@ -721,9 +721,9 @@ def test_generate_continues_each_line_typed_at_a_terminal_as_it_is_entered(tmp_p
     assert err.splitlines()[-1] == "generate: interrupted"
 
 
-def test_the_readmes_python_example_for_the_lm_runs(tmp_path, lm_built, capsys):
-    """README, "From Python": its LM part, on the tiny LM trained here; the streamed sample is printed."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+def test_the_guides_python_example_for_the_lm_runs(tmp_path, lm_built, capsys):
+    """docs/generate.md, "From Python": its LM part, on the tiny LM trained here; the streamed sample is printed."""
+    readme = (ROOT / "docs" / "generate.md").read_text(encoding="utf-8")
     code = readme.split("```python\n", 1)[1].split("```", 1)[0]
     code = 'from lib.inference import load\n' + code[code.index('lm = load("models/shakespeare")'):]
     assert '"sonnets.txt"' in code and "lm.stream(" in code
@@ -731,7 +731,7 @@ def test_the_readmes_python_example_for_the_lm_runs(tmp_path, lm_built, capsys):
     code = code.replace('"models/shakespeare"', repr(str(models_dir(lm_built, tmp_path))))
     code = code.replace('"sonnets.txt"', repr(str(tmp_path / "sonnets.txt")))
     with pytest.warns(UserWarning, match="read as <unk>: 'l'"):  # the tiny play has no "l" for "What light"
-        exec(compile(code, "README.md", "exec"), {})
+        exec(compile(code, "docs/generate.md", "exec"), {})
     assert len(capsys.readouterr().out) == 200  # the default max_new_tokens, a character each
 
 

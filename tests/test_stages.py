@@ -1293,15 +1293,25 @@ def test_auto_precision_is_bf16_only_where_the_hardware_multiplies_bfloat16(tmp_
     assert caplog.text == ""
 
 
-def test_the_readmes_python_example_runs(built, tmp_path):
-    """README, "From Python": its code, on the tiny cumsum model, up to the LM (not trained here)."""
+def test_the_readmes_python_example_runs(built, capsys):
+    """README, "Try a trained model": its Python, on the tiny cumsum model."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    code = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    assert 'load("models/cumsum")' in code
+    exec(compile(code.replace('"models/cumsum"', repr(str(built["model"].parent))), "README.md", "exec"), {})
+    printed = capsys.readouterr().out.split()
+    assert printed and all(token.isdigit() for token in printed)  # the tiny model's sums, right or not
+
+
+def test_the_guides_python_example_runs(built, tmp_path):
+    """docs/generate.md, "From Python": its code, on the tiny cumsum model, up to the LM (not trained here)."""
+    readme = (ROOT / "docs" / "generate.md").read_text(encoding="utf-8")
     code = readme.split("```python\n", 1)[1].split("```", 1)[0]
     code = code.split('lm = load("models/shakespeare")')[0]  # the part for a translator
     assert 'load("models/cumsum")' in code and '"cross.png"' in code
     code = code.replace('"models/cumsum"', repr(str(built["model"].parent)))
     code = code.replace('"cross.png"', repr(str(tmp_path / "cross.png")))
-    exec(compile(code, "README.md", "exec"), {})
+    exec(compile(code, "docs/generate.md", "exec"), {})
     assert (tmp_path / "cross.png").stat().st_size > 0
 
 

@@ -1,0 +1,43 @@
+"""What a newcomer reads: a README short enough to read in minutes, in plain sentences, and words that hold on
+any machine."""
+
+import re
+import subprocess
+
+from tests.conftest import ROOT
+
+
+def prose_sentences(markdown: str) -> list[list[str]]:
+    """The sentences of ``markdown``'s prose, as lists of words: code blocks, tables, headings, images and
+    link targets left out. A sentence ends at ., ! or ? before a space or the line's end."""
+    text = re.sub(r"```.*?```", "", markdown, flags=re.S)
+    lines = [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith(("|", "#", "!["))]
+    prose = re.sub(r"\]\([^)]*\)", "]", " ".join(lines))  # a link's target is no word of the sentence
+    return [words for sentence in re.split(r"(?<=[.!?])\s+", prose) if (words := sentence.split())]
+
+
+def test_the_readme_is_short_and_its_sentences_plain():
+    """At most 200 lines, and 25 words a sentence on average (it had 762 lines, and 38 words a sentence)."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    sentences = prose_sentences(readme)
+    mean = sum(map(len, sentences)) / len(sentences)
+    assert len(readme.splitlines()) <= 200
+    assert mean <= 25, f"{mean:.1f} words a sentence"
+
+
+def test_the_readme_links_only_what_is_there():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for target in re.findall(r"\]\(([^)#]+)", readme):
+        if not target.startswith("http"):
+            assert (ROOT / target).exists(), target
+
+
+def test_no_text_speaks_of_one_teams_machines():
+    """Words for anyone who clones it: "an offline copy", not "these machines"."""
+    tracked = subprocess.run(["git", "ls-files", "*.md", "*.py", "*.txt", "*.yaml", "Makefile"], cwd=ROOT,
+                             capture_output=True, text=True, check=True).stdout.split()
+    pattern = re.compile(r"these machines|the team's machines|our machines", re.I)
+    found = [f"{name}:{number}" for name in tracked if name != "tests/test_docs.py"
+             for number, line in enumerate((ROOT / name).read_text(encoding="utf-8").splitlines(), 1)
+             if pattern.search(line)]
+    assert found == []
