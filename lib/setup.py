@@ -75,7 +75,7 @@ def repeats_input(model: nn.Module, ids: SpecialIds, batch: int = 64, length: in
 
     Measured on an untrained model: a decoder whose input vectors are also its output layer's rows
     (tie_embeddings), when they outweigh the rest of its residual stream, starts out repeating its input
-    (benchmarks/tie_start.py). A generator of its own leaves the model's random-number state as it was.
+    (benchmarks/length_study/tie_start.py). A generator of its own leaves the model's random-number state as it was.
     """
     generator, device = torch.Generator().manual_seed(0), model.generator.weight.device
     length, special = min(length, model.cfg.max_len), {ids.pad, ids.bos, ids.eos, ids.unk}

@@ -1,4 +1,4 @@
-"""What must hold on a GPU: run by benchmarks/gpu_check.sh (`pytest -m cuda`); skipped without CUDA."""
+"""What must hold on a GPU: run by benchmarks/gpu/gpu_check.sh (`pytest -m cuda`); skipped without CUDA."""
 
 import contextlib
 

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_check.sh, run as a dry run on a CPU: a GPU machine is lent rarely and briefly, so the
+"""benchmarks/gpu/gpu_check.sh, run as a dry run on a CPU: a GPU machine is lent rarely and briefly, so the
 script that uses it must not first fail there on a renamed param or a moved file."""
 
 import dataclasses
@@ -64,7 +64,7 @@ def test_gpu_check_runs_every_step_and_summarises(tmp_path):
     env = {**os.environ, "PYTHON": sys.executable, "DEVICE": "cpu", "MINUTES": "0.01", "D_MODEL": "32",
            "MAX_TOKENS": "256", "COMPILE": "1", "PEAK_TFLOPS": "0.001", "MULTI30K": str(write_corpus(tmp_path / "raw")),
            "WORK": str(work), "PYTHONPATH": str(site)}
-    result = run_tree(["bash", "benchmarks/gpu_check.sh"], timeout=300, cwd=ROOT, env=env)
+    result = run_tree(["bash", "benchmarks/gpu/gpu_check.sh"], timeout=300, cwd=ROOT, env=env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "installing" not in result.stdout  # this environment lacks nothing
     summary = json.loads(result.stdout.strip().splitlines()[-1])
@@ -98,7 +98,7 @@ def test_a_python_lacking_the_requirements_is_told_each(tmp_path):
     python = tmp_path / "python"
     python.write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
     python.chmod(0o755)
-    script = 'source <(sed -n "/^missing_requirements()/,/^}/p" benchmarks/gpu_check.sh); missing_requirements'
+    script = 'source <(sed -n "/^missing_requirements()/,/^}/p" benchmarks/gpu/gpu_check.sh); missing_requirements'
     result = run_tree(["bash", "-c", script], timeout=60, cwd=ROOT, env={**os.environ, "PYTHON": str(python)})
     assert result.returncode == 0, result.stderr
     wanted = [line.split("#")[0].strip() for line in (ROOT / "requirements.txt").read_text().splitlines()]
@@ -108,7 +108,7 @@ def test_a_python_lacking_the_requirements_is_told_each(tmp_path):
 def test_a_profile_that_records_no_time_still_gives_its_figures():
     """On a GPU whose profiler interface (CUPTI) is missing no kernel is recorded: the profile must still
     give a line (its shares None), not stop gpu_check.sh before its training on a division by zero."""
-    from benchmarks.train_throughput import profile
+    from benchmarks.throughput.train_throughput import profile
 
     result = profile([lambda: None], torch.device("cpu"))
     assert result["busy_ms"] == 0 and set(result["kinds_share"].values()) == {None}
@@ -118,7 +118,7 @@ def test_a_profile_that_records_no_time_still_gives_its_figures():
 def test_a_profile_that_fails_says_why_and_spares_the_rest(monkeypatch):
     """The profile's CUDA half runs only on a lent GPU: should the profiler fail there, the throughput line
     still comes, saying why, and gpu_check.sh goes on to its training."""
-    from benchmarks import train_throughput
+    from benchmarks.throughput import train_throughput
 
     def broken(steps, device):
         raise RuntimeError("CUPTI_ERROR_NOT_INITIALIZED")
@@ -131,7 +131,7 @@ def test_a_profile_gives_the_products_rate_by_shape():
     """The H200's step ran at 0.12-0.15 MFU with no way to tell slow GEMMs from time spent elsewhere: the
     profile gives the products' own rate, and each shape's. Two steps of one known product and a smaller one:
     each shape's FLOPs (rate x time) are its own, 2 n^3 a call."""
-    from benchmarks.train_throughput import profile
+    from benchmarks.throughput.train_throughput import profile
 
     big, small = torch.randn(512, 512), torch.randn(8, 128, 128)  # ms each: the rounding (to 1 us) stays small
     result = profile([lambda: (big @ big, torch.bmm(small, small), big + big)] * 2, torch.device("cpu"))
@@ -151,7 +151,7 @@ def test_a_profile_times_the_step_where_no_shapes_are_recorded(monkeypatch):
     took 78k page faults against 3k, its casts ran 8x slower and "cast_and_copy" read 43% of the step where it
     was 13%. The profile's times come from a pass that records no shapes, the products' shapes and FLOPs from a
     second one. A stand-in profiler whose shaped pass reports every operator 5x slower."""
-    from benchmarks import train_throughput
+    from benchmarks.throughput import train_throughput
 
     class Event:
         def __init__(self, key, ms, shapes=None, flops=0):
@@ -187,10 +187,10 @@ def test_a_profile_times_the_step_where_no_shapes_are_recorded(monkeypatch):
 
 
 def test_gpu_traffic_counts_what_each_operator_moves():
-    """The roofline's bytes (benchmarks/gpu_traffic.py): a dense operator reads and writes each of its tensors
+    """The roofline's bytes (benchmarks/gpu/gpu_traffic.py): a dense operator reads and writes each of its tensors
     once, a broadcast row once; a column of a matrix costs a memory sector a row, not the matrix; a gather
     touches of its source what its index names; a view moves nothing. Its FLOPs are the products'."""
-    from benchmarks.gpu_traffic import Traffic
+    from benchmarks.gpu.gpu_traffic import Traffic
 
     meta = lambda *shape, dtype=torch.float32: torch.empty(*shape, dtype=dtype, device="meta")  # noqa: E731
     a, m = meta(1000), meta(1000, 8000)
@@ -226,7 +226,7 @@ def test_gpu_traffic_takes_the_gpu_step_that_mfu_counts():
     is as it was after it."""
     import transformer.fast.attention
     import transformer.fast.dropout
-    from benchmarks import gpu_traffic
+    from benchmarks.gpu import gpu_traffic
     from lib.metrics import training_flops
 
     cfg, V, ids, batch = small_step()
@@ -253,7 +253,7 @@ def test_gpu_traffic_counts_the_compiled_step_as_inductor_fuses_it(monkeypatch):
     16, 16 and a shorter one, its own graph); the model's and the loss's operators all run compiled, the
     optimizer eager; fused, the step moves less; and torch.compile is torch's again after it."""
     import transformer.fast.loss
-    from benchmarks import gpu_traffic
+    from benchmarks.gpu import gpu_traffic
     from tests.conftest import torch_compile_defaults
 
     cfg, V, ids, batch = small_step()
@@ -275,10 +275,11 @@ def test_gpu_traffic_counts_the_compiled_step_as_inductor_fuses_it(monkeypatch):
 
 
 @pytest.mark.parametrize("script, arg, what", [
-    ("gpu_traffic", "--batches", "above 0"), ("gpu_traffic", "--peak-tflops", "above 0"),
-    ("gpu_traffic", "--bandwidth", "above 0"), ("gpu_traffic", "--max-tokens", "above 0"),
-    ("train_throughput", "--steps", "above 0"), ("train_throughput", "--rounds", "above 0"),
-    ("train_throughput", "--max-tokens", "above 0"), ("train_throughput", "--profile", "0 or more")])
+    ("gpu.gpu_traffic", "--batches", "above 0"), ("gpu.gpu_traffic", "--peak-tflops", "above 0"),
+    ("gpu.gpu_traffic", "--bandwidth", "above 0"), ("gpu.gpu_traffic", "--max-tokens", "above 0"),
+    ("throughput.train_throughput", "--steps", "above 0"), ("throughput.train_throughput", "--rounds", "above 0"),
+    ("throughput.train_throughput", "--max-tokens", "above 0"),
+    ("throughput.train_throughput", "--profile", "0 or more")])
 def test_a_benchmark_refuses_a_count_or_rate_it_cannot_take(script, arg, what, monkeypatch, capsys):
     """A count or rate of 0 divided by zero after the work (a traceback), a negative --profile stopped
     islice: each is named before any work."""

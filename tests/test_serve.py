@@ -9,7 +9,7 @@ import pytest
 import torch
 from werkzeug.serving import make_server
 
-from benchmarks.serve_load import hammer
+from benchmarks.serving.serve_load import hammer
 from lib import generate, inference
 from lib.serve import MOST_BEAM, MOST_BODY, MOST_CHARS, create_app
 from tests.test_lm import lm_built, models_dir  # noqa: F401 (fixtures: the tiny LM)

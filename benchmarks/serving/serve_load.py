@@ -4,7 +4,7 @@ Starts `python -m lib.serve` on 127.0.0.1 (a free port) over a trained model, th
 beam search of 5, 8 clients send 200 requests in all; prints one JSON object: latency p50/p95 and requests a
 second for each, and the errors (none expected). Run from the repository root with the venv active, after
 `make repro`:
-    PYTHONPATH=. python benchmarks/serve_load.py [--task cumsum] [--text "3 1 4 1 5 9 2 6"]
+    PYTHONPATH=. python benchmarks/serving/serve_load.py [--task cumsum] [--text "3 1 4 1 5 9 2 6"]
 """
 
 import argparse

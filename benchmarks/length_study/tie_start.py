@@ -19,7 +19,7 @@ window whose mean is below 1.5). Variants:
   model's start without its shared gradient).
 
 Run from the repository root:
-    PYTHONPATH=. python benchmarks/tie_start.py [--seeds 0 1 2 3] [--train]
+    PYTHONPATH=. python benchmarks/length_study/tie_start.py [--seeds 0 1 2 3] [--train]
 """
 
 import argparse
@@ -43,7 +43,7 @@ from lib.tokenizer import SpecialIds
 from transformer.masks import padding_mask, target_mask
 from transformer.model import build_model
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 VARIANTS = ("untied", "tied", "copy-start")
 PLATEAU_EXIT, WINDOW = 1.5, 200  # below the plateau's 2.2, far above the floor's 0.57
 

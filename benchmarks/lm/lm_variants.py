@@ -6,7 +6,7 @@ process, on the same random batches of the train stage's shape (batch_size x blo
 characters), with its optimizer (fused AdamW, weight decay on the matrices), gradient
 clipping and precision (train.precision resolved for this machine), so that a noisy
 machine slows them alike. Run from the repository root with the venv active:
-    PYTHONPATH=. python benchmarks/lm_variants.py [--steps 10] [--rounds 5]
+    PYTHONPATH=. python benchmarks/lm/lm_variants.py [--steps 10] [--rounds 5]
 Prints one JSON object: per variant the median ms a step over the rounds, tokens a
 second, parameters, and the key/value cache's bytes per token of context in float32
 (what sampling keeps for every token it has read: 2 x layers x Hkv x D x 4).
@@ -22,14 +22,14 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.lm_reference import step_times
+from benchmarks.lm.lm_reference import step_times
 from lib.config import load_params
 from lib.params import stage_config
 from transformer.model import build_model, parameter_counts
 from lib.training import weight_decay_groups
 from lib.device import resolve_precision
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 VOCAB = 69  # tiny-shakespeare's 65 characters and the 4 special tokens
 LLAMA = dict(positional="rope", norm="rmsnorm", activation="swiglu", d_ff=512, n_kv_heads=2)
 VARIANTS = {

@@ -6,7 +6,7 @@ pass over the ids weighs the most it can), and runs training steps of that
 model on its own batches, each with the check and with it switched off, in
 alternating rounds in one process; outputs must be identical. Needs `dvc
 repro` (the default cumsum task). Run from the repository root:
-    PYTHONPATH=. python benchmarks/id_check_cost.py [--rounds 5] [--beam-size 4]
+    PYTHONPATH=. python benchmarks/throughput/id_check_cost.py [--rounds 5] [--beam-size 4]
 Prints one JSON object: the best of the rounds' seconds, each way, and the ratio; and the microseconds one check
 takes on the ids of a decoding step (B, 1) and of a training batch (B, T).
 """
@@ -27,7 +27,7 @@ from transformer.masks import padding_mask, target_mask
 from transformer.layers import Embedding
 from lib.tokenizer import encode_pairs, special_ids
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def timed(work) -> tuple[float, object]:

@@ -3,7 +3,7 @@
 nanoGPT's README CPU run (shakespeare_char): 4 layers, 4 heads, width 128,
 block 64, batch 12, 2,000 iterations, dropout 0, on the same 90/10 split.
 Run from the repository root with the venv active:
-    PYTHONPATH=. python benchmarks/lm_reference.py [--source PATH] [--lr 2e-3] [--norm-first]
+    PYTHONPATH=. python benchmarks/lm/lm_reference.py [--source PATH] [--lr 2e-3] [--norm-first]
 Prints one JSON object. Ours, trained by the train stage's loop: the wall time
 of the whole run and its ms per iteration, the median training step as the
 run logged it (what nanoGPT's log reports per iteration), the validation loss
@@ -37,7 +37,7 @@ from transformer.model import build_model
 from lib.tasks import run_fetch, run_prepare, shakespeare
 from lib.tokenizer import encode_text, load_tokenizers, run as run_tokenize
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class NanoGPTReplica(nn.Module):
@@ -132,7 +132,7 @@ def train_replica(train: torch.Tensor, valid: torch.Tensor, vocab_size: int, arg
 def step_times(runs: dict, batches: list[torch.Tensor], rounds: int = 4, clip_norm: float = 1.0) -> dict:
     """Seconds a training step of each (model, optimizer, precision), one figure per round: the models are
     timed in turns, round after round, on the same batches of tokens (B, T + 1), so that a noisy machine
-    slows them alike. Round 0 warms up and is left out. Also benchmarks/lm_variants.py's."""
+    slows them alike. Round 0 warms up and is left out. Also benchmarks/lm/lm_variants.py's."""
     seconds = {name: [] for name in runs}
     for round_ in range(rounds + 1):
         for name, (model, optimizer, precision) in runs.items():

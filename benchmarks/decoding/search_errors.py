@@ -14,7 +14,7 @@ way by teacher forcing (``lib.decoding.score_outputs``; what
 It also counts the sentences whose empty output (``<eos>`` alone) scores above
 the beam's best, at alpha 0 (raw log-probability) and at the alpha given: the
 short-output bias the length penalty is there for. Run from the repository root:
-    PYTHONPATH=. python benchmarks/search_errors.py [--split valid] [--beam-sizes 1 5 20] [--alpha 1.5]
+    PYTHONPATH=. python benchmarks/decoding/search_errors.py [--split valid] [--beam-sizes 1 5 20] [--alpha 1.5]
 """
 
 import argparse
@@ -29,7 +29,7 @@ from lib.decoding import score_outputs, translate_n_best
 from lib.evaluation import search_or_model
 from lib.tokenizer import encode_pairs, special_ids
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def main():

@@ -1,7 +1,7 @@
 """Wall time of the whole default pipeline, `dvc repro --force`, and what it reached.
 
 Run from the repository root with the venv active:
-    PYTHONPATH=. python benchmarks/pipeline_time.py
+    PYTHONPATH=. python benchmarks/throughput/pipeline_time.py
 Prints one JSON object: seconds for the pipeline, the tasks, and each task's
 test metrics. It rebuilds every stage of the enabled tasks in place.
 """
@@ -19,7 +19,7 @@ import torch
 
 from lib.config import load_params
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def main():

@@ -2,17 +2,17 @@
 once per position encoding (and Post-LN / Pre-LN).
 
 Run from the repository root with the venv active:
-    PYTHONPATH=. python benchmarks/length_study.py [--variants sinusoidal learned rope alibi]
+    PYTHONPATH=. python benchmarks/length_study/length_study.py [--variants sinusoidal learned rope alibi]
 It uses the cumsum params of params.yaml, changing only the position encoding
 (and, with --norm-first, Post-LN to Pre-LN), runs every stage's `run` in a
 temporary directory, prints one JSON object and writes <out>.md and <out>.png
-(default benchmarks/length_study.*). The page also says how many of the
+(default benchmarks/length_study/pages/length_study.*, which git ignores). The page also says how many of the
 sequences at each untrained length have every sum right and miss only where
 the output stops. With --modulus 10 the targets are the sums' last digits, so
 that longer sequences ask for no sum that training rarely saw (see
 lib/tasks/cumsum.py): the positions alone are then tested. Add --set
 model.tie_embeddings=false there: tied, the model starts out repeating its input
-and some encodings never learn even the trained lengths (benchmarks/tie_start.py). --no-source-eos
+and some encodings never learn even the trained lengths (benchmarks/length_study/tie_start.py). --no-source-eos
 trains without the <eos> that ends each source (tokenize.source_eos). A variant
 may carry model params of its own (rope,rope_base=1000000), and --set reaches
 the other stages' params too (prepare.vocab_length=40: study lengths 1-40).
@@ -21,7 +21,7 @@ per encoding, then this page from their metrics:
     for p in sinusoidal learned rope alibi; do
       dvc exp run --queue -n pos-$p -S cumsum.train.model.positional=$p; done
     dvc queue start && dvc queue status        # until all four are done
-    PYTHONPATH=. python benchmarks/length_study.py --from-exps pos-sinusoidal pos-learned pos-rope pos-alibi
+    PYTHONPATH=. python benchmarks/length_study/length_study.py --from-exps pos-sinusoidal pos-learned pos-rope pos-alibi
 """
 
 import argparse
@@ -47,6 +47,7 @@ from lib.params import stage_config  # noqa: E402
 from lib.tasks import cumsum, run_prepare  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
 
 
 def main():
@@ -62,11 +63,12 @@ def main():
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                         help="override cumsum.train params for every variant, e.g. model.dropout=0.0 "
                              "label_smoothing=0; or another stage's: prepare.vocab_length=40 (study lengths 1-40)")
-    parser.add_argument("--out", default=str(HERE / "length_study"), help="stem of the .md and .png written")
+    parser.add_argument("--out", default=str(HERE / "pages" / "length_study"),
+                        help="stem of the .md and .png written (default: in pages/, kept out of git)")
     parser.add_argument("--from-exps", nargs="+", metavar="NAME",
                         help="read these DVC experiments' metrics (dvc exp show) instead of training")
     args = parser.parse_args()
-    params = load_params(HERE.parent / "params.yaml")
+    params = load_params(ROOT / "params.yaml")
     if args.from_exps:
         results = experiment_results(args.from_exps)
         write_page(results, "DVC experiments " + ", ".join(args.from_exps), stage_config(params, "cumsum", "prepare"),
@@ -165,7 +167,7 @@ def wrong_stop(hypothesis: list[str], reference: list[str]) -> str | None:
 def experiment_results(names: list[str]) -> dict:
     """{positional: {"exact_match", "by_length"}} of the named experiments, from `dvc exp show --json`."""
     shown = json.loads(subprocess.run(["dvc", "exp", "show", "--json"], capture_output=True, text=True,
-                                      check=True, cwd=HERE.parent).stdout)
+                                      check=True, cwd=ROOT).stdout)
     found = {}
 
     def walk(node):  # experiments nest under their baseline commit: look everywhere
@@ -188,7 +190,7 @@ def experiment_results(names: list[str]) -> dict:
         metrics = data["metrics"]["reports/cumsum/metrics.json"]["data"]
         positional = data["params"]["params.yaml"]["data"]["cumsum"]["train"]["model"]["positional"]
         table = subprocess.run(["git", "show", f"{found[name]['rev']}:reports/cumsum/by_length.csv"],
-                               capture_output=True, text=True, check=True, cwd=HERE.parent).stdout
+                               capture_output=True, text=True, check=True, cwd=ROOT).stdout
         results[f"{positional} ({name})"] = {"exact_match": metrics["greedy"]["exact_match"],
                                              "by_length": read_by_length(table)}
     return results
@@ -203,6 +205,7 @@ def read_by_length(table: str) -> dict[int, float]:
 def write_page(results: dict, setting: str, prepare, out: Path):
     """<out>.md and <out>.png: exact match at every study length, marking the trained ones (``prepare``'s:
     with --from-exps, those of params.yaml here, not each experiment's)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
     lo, hi = prepare.min_length, prepare.max_length
     exact = {v: cumsum.lengths_as_numbers(r["by_length"]) for v, r in results.items()}
     stops = {v: {side: cumsum.lengths_as_numbers(shares) for side, shares in r["stop_errors_by_length"].items()}

@@ -7,7 +7,7 @@ replaces the task's fetch.source. Prints one JSON line: for each tree model.pt's
 seconds, the best validation loss and the evaluate metrics; "same_model" when model.pt is the same bytes.
 Without --before, this tree alone runs (a param the other tree lacks, such as train.fast=false).
 Run from the repository root with the venv active:
-    PYTHONPATH=. python benchmarks/same_results.py [--before /tmp/before] --task cumsum [--set train.epochs=1 ...]
+    PYTHONPATH=. python benchmarks/throughput/same_results.py [--before /tmp/before] --task cumsum [--set train.epochs=1 ...]
         [--source ../shared/data/multi30k] [--evaluate] [--workdir /tmp/same_results]
 """
 
@@ -24,7 +24,7 @@ import torch
 
 from lib.config import load_params, parse_yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("lib", "stages", "transformer")
 
 

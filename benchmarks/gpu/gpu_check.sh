@@ -6,14 +6,14 @@
 # train.compile; eager again if compiling fails). Ends with one JSON line: tokens/s, model FLOPs
 # utilisation (MFU) and the validation loss reached.
 #
-#   bash benchmarks/gpu_check.sh              # on the GPU machine, from the repository root
-#   PEAK_TFLOPS=989 MULTI30K=../shared/data/multi30k bash benchmarks/gpu_check.sh
+#   bash benchmarks/gpu/gpu_check.sh              # on the GPU machine, from the repository root
+#   PEAK_TFLOPS=989 MULTI30K=../shared/data/multi30k bash benchmarks/gpu/gpu_check.sh
 #
 # It runs on the machine's own python and its CUDA build of torch (requirements.txt pins the CPU
 # wheel); what else requirements.txt lists and the machine lacks goes into $WORK/site. A GPU machine
 # without internet takes a bundle made where pip reaches an index:
-#   bash benchmarks/gpu_check.sh bundle .gpu  # here: wheels (for PY_VERSION, default 3.12) + multi30k
-#   BUNDLE=.gpu bash benchmarks/gpu_check.sh  # there
+#   bash benchmarks/gpu/gpu_check.sh bundle .gpu  # here: wheels (for PY_VERSION, default 3.12) + multi30k
+#   BUNDLE=.gpu bash benchmarks/gpu/gpu_check.sh  # there
 #
 # Settings (environment): PEAK_TFLOPS, the GPU's dense bf16 peak (H100/H200 SXM: 989); MULTI30K, the
 # raw task-1 files; MINUTES of training (1); MAX_TOKENS a batch (32768: a d_model 512 step is then
@@ -132,7 +132,7 @@ write_params "$COMPILE"
 steps=10 rounds=2 profile=3
 [ "$DEVICE" = cpu ] && steps=2 rounds=1 profile=1
 throughput() {
-  PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" benchmarks/train_throughput.py --device "$DEVICE" \
+  PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" benchmarks/throughput/train_throughput.py --device "$DEVICE" \
     --precision bf16 --d-model "$D_MODEL" --d-ff $((4 * D_MODEL)) --heads 8 --layers 3 --dropout 0.2 \
     --activation-dropout 0 --steps $steps --rounds $rounds --profile $profile --data "$WORK/data" \
     --tokenizer "$WORK/tokenizer" "$@"

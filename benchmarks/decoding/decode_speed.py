@@ -4,7 +4,7 @@ Needs the trained multi30k model (`dvc repro` with multi30k in `tasks`). Each
 search runs cached and uncached in the same process, one after the other, on
 the same batches; outputs must be identical, and the BLEU of each is printed.
 Run from the repository root with the venv active:
-    PYTHONPATH=. python benchmarks/decode_speed.py [--beam-size 5] [--alpha 0.6]
+    PYTHONPATH=. python benchmarks/decoding/decode_speed.py [--beam-size 5] [--alpha 0.6]
 Prints one JSON object.
 """
 
@@ -23,7 +23,7 @@ from lib.decoding import translate
 from lib.tasks import multi30k
 from lib.tokenizer import decode, encode_pairs, special_ids
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def main():

@@ -9,7 +9,7 @@ the train stage) and the same label smoothing, each with its own idiomatic
 loss. They are timed alternately, round after round, in one process, so that
 a noisy machine slows both alike.
 Run from the repository root with the venv active:
-    PYTHONPATH=. python benchmarks/train_throughput.py [--precision fp32|bf16] [--rounds 4] [--steps 10]
+    PYTHONPATH=. python benchmarks/throughput/train_throughput.py [--precision fp32|bf16] [--rounds 4] [--steps 10]
         [--device cpu|cuda] [--compile] [--data DIR --tokenizer DIR] [--max-tokens 2048 [4096 ...]]
 Prints one JSON object (a line) per --max-tokens; tokens are the non-pad source plus target tokens.
 "warmup_round_s" is the untimed first round's seconds: with --compile, mostly the compiling.
@@ -61,7 +61,7 @@ from transformer.fast.compile import compile_model
 from transformer.model import build_model
 from transformer.positions import SinusoidalPositionalEncoding
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODELS = ("ours", "torch_nn_transformer")
 
 

@@ -14,7 +14,7 @@ mutated instead. "stale" means no file holds it once: update the mutation (``--c
 without running any test). Prints a JSON line per mutation, then a summary.
 Run from the repository root (most take 2-15 s; the training, pipeline and user ones 0.5-3 minutes; the first 65,
 46 minutes, the user family's 28, 27 minutes):
-    PYTHONPATH=. python benchmarks/mutants.py [--only SUBSTRING ...] [--workdir /tmp/mutants] [--check]
+    PYTHONPATH=. python benchmarks/mutants/mutants.py [--only SUBSTRING ...] [--workdir /tmp/mutants] [--check]
 """
 
 import argparse
@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # The fast tests of the model's numerics, and the slower ones of training.
 NUMERIC = ["tests/test_attention.py", "tests/test_model.py", "tests/test_decoding.py", "tests/test_optim.py",
@@ -185,9 +185,8 @@ MUTATIONS = [
      "(missing := [k for k in SAMPLE_KEYS[kind] if k not in row])", "(missing := [])", PIPELINE),
     ("a blank line of samples.jsonl taken for a sample", "lib/reporting.py",
      "        if not line.strip():  #", "        if False:  #", PIPELINE),
-    ("another task's unreadable metrics stopping this task's report", "lib/reporting.py",
-     "        return read_metrics(path)\n    except ValueError as err:", "        return read_metrics(path)\n"
-     "    except KeyError as err:", PIPELINE),
+    ("an empty task list building nothing, silently", "lib/params.py", "    if not tasks:\n", "    if False:\n",
+     ["tests/test_report_page.py"]),
     ("a resumed run's best.pt checked only when copied into model.pt, after training", "lib/run.py",
      'if self.state["best_valid_loss"] < math.inf:  #', "if False:  #", PIPELINE),
     ("a resumed run's missing best.pt named as never trained", "lib/run.py",
@@ -271,9 +270,10 @@ MUTATIONS = [
      "lib/files.py", "real, held = os.path.realpath(path), os.path.realpath(within)",
      "real, held = os.path.abspath(path), os.path.abspath(within)", PIPELINE),
     ("a WORLD_SIZE torchrun did not set let through to torch's rendezvous (a KeyError, or a wait for ever)",
-     "lib/cli.py", "        check_launch(stage)\n", "", PIPELINE),
+     "lib/cli.py", "        check_launch(stage)\n        check_apart(", "        check_apart(", PIPELINE),
     ("another listed task's misspelt name left to dvc (cumsum's prepare ran, then 'No such file: .../multi30K.py')",
-     "lib/params.py", "    for name in tasks:  # another task's", "    for name in tasks[:0]:  # another", PIPELINE),
+     "lib/params.py", "    for name in tasks:\n        check_task_name(name)", "    for name in tasks[:0]:\n"
+     "        check_task_name(name)", PIPELINE + ["tests/test_report_page.py"]),
     ("a local rank beyond the machine's GPUs let through to CUDA's \"invalid device ordinal\"", "lib/distributed.py",
      "if not local.isdigit() or int(local) >= count:", "if not local.isdigit():", PIPELINE),
     ("a stage other than train let run under torchrun (two prepare processes raced to one temporary directory)",

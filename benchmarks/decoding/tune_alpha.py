@@ -3,7 +3,7 @@
 Needs the trained multi30k model. Decodes the 1,014 validation sentences with
 beam search once per alpha and prints the BLEU of each; put the best in
 params.yaml: multi30k.evaluate.alpha. Run from the repository root:
-    PYTHONPATH=. python benchmarks/tune_alpha.py [--beam-size 5] [--alphas 0 0.3 0.6 0.9 1.2]
+    PYTHONPATH=. python benchmarks/decoding/tune_alpha.py [--beam-size 5] [--alphas 0 0.3 0.6 0.9 1.2]
 """
 
 import argparse
@@ -17,7 +17,7 @@ from lib.decoding import translate
 from lib.tasks import multi30k
 from lib.tokenizer import decode, encode_pairs, special_ids
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def main():
