@@ -181,7 +181,7 @@ def barrier(ctx: Context):
 def leave(ctx: Context):
     """Destroy the process group once training is done, on every process. Left to the interpreter's
     exit, gloo's worker threads may still hold tensors while Python shuts down, and a process that has
-    finished its work aborts (SIGABRT): seen here twice in eight test-suite runs (pytorch#179291). Even
+    finished its work may abort (SIGABRT; pytorch#179291). Even
     after this, the interpreter's teardown aborted a finished process now and then, so a stage under
     torchrun ends without it (``lib.cli._exit``)."""
     if ctx.world > 1 and dist.is_initialized():

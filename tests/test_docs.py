@@ -41,3 +41,20 @@ def test_no_text_speaks_of_one_teams_machines():
              for number, line in enumerate((ROOT / name).read_text(encoding="utf-8").splitlines(), 1)
              if pattern.search(line)]
     assert found == []
+
+
+# A work log's marks: "the forty-fifth session", "this session", "`status` at 22:07"; an issue's number
+# ("#8", "issue 72"; an upstream one, pytorch#126510, names its project and is a reference).
+WORK_LOG = re.compile(r"\b\w+(st|nd|rd|th) (and \w+(st|nd|rd|th) )?sessions?\b|\bthis session\b|`status` at \d", re.I)
+ISSUE = re.compile(r"(?<![\w/])#\d+\b|\bissues? #?\d+", re.I)
+
+
+def test_no_text_reads_as_a_work_log_or_cites_an_issue():
+    """The results were a diary of 4,804 lines: dated entries, sessions counted, issues' criteria. The
+    tree now says what holds, with the command that shows it."""
+    tracked = subprocess.run(["git", "ls-files", "*.md", "*.py", "*.sh", "*.txt", "*.yaml", "Makefile"], cwd=ROOT,
+                             capture_output=True, text=True, check=True).stdout.split()
+    found = [f"{name}:{number}: {line.strip()[:80]}" for name in tracked if name != "tests/test_docs.py"
+             for number, line in enumerate((ROOT / name).read_text(encoding="utf-8").splitlines(), 1)
+             if WORK_LOG.search(line) or ISSUE.search(line)]
+    assert found == []

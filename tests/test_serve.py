@@ -172,7 +172,7 @@ def test_the_page_translates_what_is_typed_and_shows_its_attention(browser, live
 
 
 def test_eight_clients_two_hundred_requests_no_error(live):
-    """The load benchmark's own loop, bounded: it stops by itself; its figures go to RESULTS.md, not here."""
+    """The load benchmark's own loop, bounded: it stops by itself; its figures go to docs/results.md, not here."""
     for body in ({"text": "1 2 3 4 5"}, {"text": "1 2 3 4 5", "beam_size": 5}):
         stats = hammer(live + "/api/translate", body, clients=8, requests=200)
         assert stats["errors"] == 0 and stats["requests"] == 200

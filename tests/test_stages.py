@@ -1303,6 +1303,17 @@ def test_the_readmes_python_example_runs(built, capsys):
     assert printed and all(token.isdigit() for token in printed)  # the tiny model's sums, right or not
 
 
+def test_the_readmes_generate_command_runs(built):
+    """README, "Try a trained model": its `lib.generate` line, run as the shell runs it, on the tiny model."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    line = next(line for line in readme.splitlines() if line.startswith(".venv/bin/python -m lib.generate"))
+    command = line.split("#")[0].replace(".venv/bin/python", sys.executable)
+    command += f" --models {built['model'].parent}"
+    done = subprocess.run(["bash", "-c", command], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout.split()) >= 1 and all(token.isdigit() for token in done.stdout.split())
+
+
 def test_the_guides_python_example_runs(built, tmp_path):
     """docs/generate.md, "From Python": its code, on the tiny cumsum model, up to the LM (not trained here)."""
     readme = (ROOT / "docs" / "generate.md").read_text(encoding="utf-8")

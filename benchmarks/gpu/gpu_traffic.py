@@ -14,8 +14,7 @@ The step takes the GPU's paths, not the CPU's: torch's dropout (one fused kernel
 runs it), the attention's and the loss's forms for a GPU (transformer.fast.eager.eager_on_cpu false), the loss's
 8,192-row blocks, no id check. CPU autocast puts the same operators in bf16 as CUDA's for this model (the
 products; the residual stream, its LayerNorms and the softmax stay float32). Against a measurement: the
-H200 of 2026-12-04 ran the eager step at 2.2x its roofline, from 32k tokens a batch (RESULTS.md, forty-seventh
-session).
+H200 of 2026-12-04 ran the eager step at 2.2x its roofline, from 32k tokens a batch.
 
 --compiled counts the step as train.compile runs it: the model and the loss's blocks torch.compiled. Inductor
 lowers each graph and fuses its kernels as for a GPU run, on the same fake tensors, and each kernel is counted
