@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # (Re)install whenever requirements.txt changes.
 $(STAMP): requirements.txt
 	python3 -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.txt
+	$(BIN)/pip install --quiet --quiet --disable-pip-version-check -r requirements.txt  # -qq: errors only
 	touch $(STAMP)
 
 repro: $(STAMP)
