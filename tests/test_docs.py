@@ -25,11 +25,21 @@ def test_the_readme_is_short_and_its_sentences_plain():
     assert mean <= 25, f"{mean:.1f} words a sentence"
 
 
+def anchor(heading: str) -> str:
+    """A Markdown heading's anchor as GitHub makes it: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
 def test_the_readme_links_only_what_is_there():
+    """Every file it links, and every section: a headline figure leads to the section that measured it."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    for target in re.findall(r"\]\(([^)#]+)", readme):
-        if not target.startswith("http"):
-            assert (ROOT / target).exists(), target
+    for target, section in re.findall(r"\]\(([^)#]+)(?:#([^)]+))?\)", readme):
+        if target.startswith("http"):
+            continue
+        assert (ROOT / target).exists(), target
+        if section:
+            headings = re.findall(r"^#+ (.+)$", (ROOT / target).read_text(encoding="utf-8"), re.M)
+            assert section in map(anchor, headings), f"{target}#{section}"
 
 
 def test_no_text_speaks_of_one_teams_machines():
