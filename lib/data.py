@@ -147,7 +147,7 @@ def _gather(packed: Packed, rows: torch.Tensor, pad_id: int, extra: int = 0) -> 
     cols = torch.arange(int(lengths.max()) + extra)  # (W,)
     empty = cols >= lengths[:, None]  # (B, W) the places after each sequence
     index = (packed.starts[rows, None] + cols).masked_fill_(empty, 0)  # (B, W) into packed.ids
-    return packed.ids[index].masked_fill_(empty, pad_id), lengths
+    return packed.ids[index].long().masked_fill_(empty, pad_id), lengths  # ids stored narrower (token_store) widened
 
 
 def collate(pairs: Pairs, indices: list[int], ids: SpecialIds) -> Batch:
