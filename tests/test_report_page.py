@@ -109,7 +109,7 @@ def test_the_index_frames_each_tasks_card(browser, built, tmp_path):
 
 @pytest.mark.parametrize("tasks, said", [
     ([], "tasks: empty, so `dvc repro` builds nothing; list a task or more (tasks: [cumsum])"),
-    (["cumsum", "multi30K"], "tasks: unknown task 'multi30K' (known: cumsum, multi30k, shakespeare)"),
+    (["cumsum", "multi30K"], "tasks: unknown task 'multi30K' (known: cumsum, multi30k, shakespeare, wmt14)"),
     (["cumsum", "cumsum"], "tasks: ['cumsum', 'cumsum'] names a task twice"),
 ])
 def test_the_index_stage_names_a_task_list_that_builds_nothing_or_a_misspelt_task(tmp_path, capsys, tasks, said):

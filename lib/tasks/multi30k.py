@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
-import sacrebleu
 
 from lib.config import ConfigError, require, utf8_lines
 from lib.data import read_split, split_path
 from lib.sources import download, is_url, offline_fix, read_manifest
+from lib.tasks.translation import LENGTH_GROUPS, breakdown, length_group, score, sentence_score  # noqa: F401
 
 KIND = "seq2seq"
 HEADLINE = ("greedy.bleu", "beam*.bleu", "greedy.chrf", "valid_perplexity")  # its card in reports/index.html
@@ -32,8 +32,6 @@ LANGUAGES = ("de", "en", "fr", "cs")
 # Our split name -> the raw files' prefix and the hub data set's split.
 SPLIT_FILES = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
 HUB_SPLITS = {"train": "train", "valid": "validation", "test": "test"}
-# Source lengths in words, for BLEU by length: each group holds 75-234 of the 1,000 test sentences.
-LENGTH_GROUPS = ((1, 7), (8, 9), (10, 11), (12, 13), (14, 16), (17, None))
 # The official raw files (github.com/multi30k/dataset, data/task1/raw, at commit a3d2e0d) and their sha256.
 OFFICIAL_URL = "https://raw.githubusercontent.com/multi30k/dataset/a3d2e0d26b56f3846f66a952536ffed4e401d05a/data/task1/raw"
 SHA256 = {
@@ -204,39 +202,3 @@ def tokenizer_texts(cfg, data_dir: Path, side: str) -> list[str]:
     train = read_split(data_dir, "train")
     columns = {"source": ["src"], "target": ["tgt"], "both": ["src", "tgt"]}[side]
     return [text for column in columns for text in train[column].tolist()]
-
-
-def score(hypotheses: list[str], references: list[str]) -> dict:
-    """Corpus BLEU (13a tokenisation, cased) and chrF, with the signatures that say how."""
-    bleu = sacrebleu.metrics.BLEU()
-    chrf = sacrebleu.metrics.CHRF()
-    bleu_score = bleu.corpus_score(hypotheses, [references])
-    chrf_score = chrf.corpus_score(hypotheses, [references])
-    return {"bleu": bleu_score.score, "chrf": chrf_score.score,
-            "bleu_signature": str(bleu.get_signature()), "chrf_signature": str(chrf.get_signature())}
-
-
-def length_group(source: str) -> str:
-    """The LENGTH_GROUPS label of a source's length in words: "01-07", ..., "17+" (zero-padded: they sort
-    shortest first as text)."""
-    words = len(source.split())
-    for low, high in LENGTH_GROUPS:
-        if high is None:
-            return f"{low:02d}+"
-        if words <= high:
-            return f"{low:02d}-{high:02d}"
-
-
-def breakdown(sources: list[str], hypotheses: list[str], references: list[str]) -> pd.DataFrame:
-    """Corpus BLEU of the (greedy) test translations by the source's length in words, where longer sentences
-    lose: a row per LENGTH_GROUPS group that holds a sentence (group, its shortest length, sentences, bleu)."""
-    groups = pd.DataFrame({"group": [length_group(s) for s in sources], "hyp": hypotheses, "ref": references})
-    rows = [{"group": group, "length": int(group[:2]), "sentences": len(rows),
-             "bleu": score(rows["hyp"].tolist(), rows["ref"].tolist())["bleu"]}
-            for group, rows in groups.groupby("group")]
-    return pd.DataFrame(rows, columns=["group", "length", "sentences", "bleu"])
-
-
-def sentence_score(hypothesis: str, reference: str) -> float:
-    """Per-sentence BLEU (smoothed), for finding the worst translations."""
-    return sacrebleu.sentence_bleu(hypothesis, [reference]).score

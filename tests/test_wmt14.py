@@ -1,0 +1,112 @@
+"""The wmt14 task on a small sample in the hub's layout: fetched through the real datasets.load_dataset,
+prepared a batch of rows at a time with its cleaning counted, and every stage run end to end."""
+
+import json
+import os
+import random
+import subprocess
+import sys
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from lib.params import stage_config
+from lib.tasks import wmt14
+from tests.conftest import ROOT, TINY_PARAMS, fetch_and_prepare, run_stage
+
+WORDS = {"the": "der", "dog": "Hund", "cat": "Katze", "runs": "läuft", "sleeps": "schläft", "house": "Haus",
+         "in": "im", "garden": "Garten", "a": "ein", "big": "großer", "small": "kleiner", "red": "rote"}
+
+
+def sentence_pair(rng: random.Random, words: int) -> dict:
+    english = [rng.choice(list(WORDS)) for _ in range(words)]
+    return {"en": " ".join(english) + ".", "de": " ".join(WORDS[w] for w in english) + "."}
+
+
+def write_sample(root, n_train: int = 300, seed: int = 0) -> dict:
+    """A local folder in wmt/wmt14's layout, de-en/{train,validation,test}-00000-of-00001.parquet, with a
+    ``translation`` column of {de, en} structs; the training split holds pairs cleaning drops."""
+    rng = random.Random(seed)
+    train = [sentence_pair(rng, rng.randint(2, 9)) for _ in range(n_train)]
+    train += [{"en": " ", "de": "Leer."}, {"en": "word " * 120, "de": "Wort " * 120},
+              {"en": "one two three four five six seven", "de": "eins"}]
+    splits = {"train": train, "validation": [sentence_pair(rng, rng.randint(2, 9)) for _ in range(40)],
+              "test": [sentence_pair(rng, rng.randint(2, 9)) for _ in range(30)]}
+    (root / "de-en").mkdir(parents=True)
+    for name, rows in splits.items():
+        pq.write_table(pa.table({"translation": rows}), root / "de-en" / f"{name}-00000-of-00001.parquet")
+    return splits
+
+
+WMT_TINY = {
+    "fetch": {"source": "", "config": "de-en"},
+    "prepare": {"src_lang": "en", "tgt_lang": "de", "max_words": 100, "max_ratio": 3.0},
+    "tokenize": {"kind": "bpe", "vocab_size": 200, "min_frequency": 1, "joint": True},
+    "train": {"seed": 0, "device": "cpu", "epochs": 2, "max_tokens": 512, "lr_factor": 1.0, "warmup": 20,
+              "label_smoothing": 0.1, "clip_norm": 1.0, "checkpoint_every": 50,
+              "model": {"d_model": 32, "n_heads": 2, "encoder_layers": 1, "decoder_layers": 1, "d_ff": 64,
+                        "dropout": 0.1, "norm_first": False, "tie_embeddings": True, "fused_qkv": True,
+                        "max_len": 64}},
+    "evaluate": {"max_tokens": 1024, "max_extra_tokens": 5, "n_samples": 5, "beam_size": 2, "alpha": 0.6},
+    "report": {"n_attention_examples": 1},
+}
+
+
+def test_the_sample_loads_through_datasets_and_prepare_counts_what_cleaning_dropped(tmp_path):
+    splits = write_sample(tmp_path / "hub")
+    cfg = {**WMT_TINY, "fetch": {"source": str(tmp_path / "hub"), "config": "de-en"}}
+    params = {**TINY_PARAMS, "tasks": ["wmt14"], "wmt14": cfg}
+    fetch_and_prepare("wmt14", stage_config(params, "wmt14", "fetch"), stage_config(params, "wmt14", "prepare"),
+                      tmp_path / "data")
+    cleaning = json.loads((tmp_path / "data" / "cleaning.json").read_text())
+    assert cleaning["train"] == {"read": 303, "kept": 300, "dropped": {"empty": 1, "too_long": 1, "ratio": 1}}
+    assert cleaning["valid"] == {"read": 40, "kept": 40, "dropped": {"empty": 0, "too_long": 0, "ratio": 0}}
+    train, test = (pd.read_parquet(tmp_path / "data" / f"{split}.parquet") for split in ("train", "test"))
+    assert train["src"].tolist() == [row["en"] for row in splits["train"][:300]]  # English -> German
+    assert test["tgt"].tolist() == [row["de"] for row in splits["test"]]
+    texts = wmt14.tokenizer_texts(None, tmp_path / "data", "both")  # an iterator: BPE learns a batch at a time
+    assert list(texts) == train["src"].tolist() + train["tgt"].tolist()  # one batch here
+
+
+def test_an_unreachable_source_says_how_to_work_offline(tmp_path):
+    """Offline (HF_HUB_OFFLINE, as without internet): one line naming the source and the way to a local copy."""
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({**TINY_PARAMS, "tasks": ["wmt14"], "wmt14": {
+        **WMT_TINY, "fetch": {"source": "someone/wmt14@0123abc", "config": "de-en"}}}))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    result = subprocess.run([sys.executable, "-m", "stages.fetch", "wmt14", "--out", str(tmp_path / "sources"),
+                             "--params", str(params)], cwd=ROOT, capture_output=True, text=True, env=env)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith("fetch@wmt14: error: wmt14.fetch.source: could not load 'someone/wmt14@0123abc' as a "
+                           "Hugging Face data set (") and line.endswith("dvc exp run -S wmt14.fetch.source=/path/to/copy")
+    assert not (tmp_path / "sources").exists()
+
+
+def test_every_stage_runs_on_the_sample_and_scores_sacrebleu(tmp_path, monkeypatch):
+    write_sample(tmp_path / "hub")
+    monkeypatch.chdir(tmp_path)
+    params = {**TINY_PARAMS, "tasks": ["wmt14"],
+              "wmt14": {**WMT_TINY, "fetch": {"source": str(tmp_path / "hub"), "config": "de-en"}}}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    steps = [("fetch", ["--out", "sources"]), ("prepare", ["--source", "sources", "--out", "data"]),
+             ("tokenize", ["--data", "data", "--out", "models/tokenizer"]),
+             ("train", ["--data", "data", "--tokenizer", "models/tokenizer", "--model", "models/model.pt",
+                        "--checkpoints", "models/checkpoints", "--live", "reports/train"]),
+             ("evaluate", ["--data", "data", "--tokenizer", "models/tokenizer", "--model", "models/model.pt",
+                           "--metrics", "reports/metrics.json", "--samples", "reports/samples.jsonl",
+                           "--lengths", "reports/by_length.csv"]),
+             ("report", ["--data", "data", "--tokenizer", "models/tokenizer", "--model", "models/model.pt",
+                         "--metrics", "reports/metrics.json", "--samples", "reports/samples.jsonl",
+                         "--lengths", "reports/by_length.csv", "--live", "reports/train", "--out", "reports/report.md",
+                         "--page", "reports/report.html", "--card", "reports/card.html", "--figures",
+                         "reports/figures", "--losses", "reports/losses.csv", "--scores", "reports/valid_score.csv"])]
+    for stage, argv in steps:
+        assert run_stage(stage, ["wmt14", *argv]) == 0, stage
+    metrics = json.loads((tmp_path / "reports" / "metrics.json").read_text())
+    assert metrics["n_test"] == 30 and "bleu" in metrics["greedy"] and "bleu" in metrics["beam2"]
+    assert metrics["greedy"]["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
+    assert (tmp_path / "reports" / "report.html").stat().st_size > 0
