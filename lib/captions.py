@@ -67,11 +67,14 @@ def stalled_caption(train: pd.DataFrame, lr: pd.DataFrame, vocab_size: int, kind
 
 
 def model_line(state: dict) -> str:
-    """What model.pt holds: the best weights, or the average of the last epochs' (``averaged_epochs``,
-    kept because it validated better than any single epoch)."""
-    if state.get("averaged_epochs", 1) > 1:
-        return (f"Model: the average of the last {state['averaged_epochs']} epochs' weights, up to step "
-                f"{state['step']}, validation loss {state['valid_loss']:.4f} (better than any single epoch's).")
+    """What model.pt holds: the best weights, or the average of the last epochs' or checkpoints'
+    (``averaged_epochs``, ``averaged_checkpoints``: kept because it validated better than any single epoch)."""
+    n = state.get("averaged_checkpoints") or state.get("averaged_epochs", 1)
+    if n > 1:
+        what = (f"checkpoints' weights (one every {state['average_every']} steps)" if "averaged_checkpoints" in state
+                else "epochs' weights")
+        return (f"Model: the average of the last {n} {what}, up to step {state['step']}, validation loss "
+                f"{state['valid_loss']:.4f} (better than any single epoch's).")
     return f"Best model: step {state['step']}, validation loss {state['valid_loss']:.4f}."
 
 

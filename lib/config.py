@@ -138,6 +138,8 @@ class TrainConfig:
     time_budget_minutes: float = 0.0  # stop after the epoch that passes this much training time; 0 = none
     patience: int = 0  # stop after this many epochs without a better validation loss; 0 = never
     average_last: int = 1  # model.pt: the average of the last k epochs' weights, when it validates better
+    average_every: int = 0  # N > 0: average instead the last k weights saved every N steps (the paper's
+    # checkpoints every 10 minutes, sec. 6.1: an epoch of a large corpus is too long a unit)
     too_long: str = "fail"  # a train or valid pair longer than model.max_len: fail (naming the key) or skip (counted
     # in the log). The splits evaluate decodes (test, cumsum's length study) must fit whole: train checks them first
     accumulate: int = 1  # batches whose gradients add up to one optimizer step (gradient accumulation): the
@@ -159,6 +161,7 @@ class TrainConfig:
             require(getattr(self, name) > 0, name, "must be > 0")
         require(self.time_budget_minutes >= 0, "time_budget_minutes", "must be >= 0")
         require(self.patience >= 0, "patience", "must be >= 0")
+        require(self.average_every >= 0, "average_every", "must be >= 0 (0: average by epochs)")
         check_peak(self.peak_tflops)
         require(self.lr_factor > 0, "lr_factor", "must be > 0")
         require(self.clip_norm > 0, "clip_norm", "must be > 0")

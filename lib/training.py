@@ -166,6 +166,8 @@ def seq2seq_epoch(run: Run, cfg: TrainConfig, train: Pairs, clock: StepClock, st
             progress.update(len(group))
             progress.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}")
             state["batches_done"] += len(group)
+            if cfg.average_every and state["step"] % cfg.average_every == 0:
+                keep_for_averaging(run, cfg)
             if state["step"] % cfg.checkpoint_every == 0 or signals.stop_requested():
                 state["elapsed_s"] += time.perf_counter() - started
                 started = time.perf_counter()
@@ -214,27 +216,47 @@ def validation_score(run: Run, cfg: TrainConfig, valid: Pairs) -> dict[str, floa
     return {f"valid/{name}": score}
 
 
-def averaged_model(run: Run, cfg: TrainConfig, valid: Pairs) -> Path | None:
-    """The average of the last ``average_last`` epochs' weights, when it validates better than the best.
+def keep_for_averaging(run: Run, cfg: TrainConfig):
+    """train.average_every: the weights at this step, for averaging; the ones ``average_last`` saves back go."""
+    step = run.state["step"]
+    run.save_model({"step": step}, run.checkpoint_dir / f"step-{step}.pt")
+    if run.ctx.is_main:
+        (run.checkpoint_dir / f"step-{step - cfg.average_every * cfg.average_last}.pt").unlink(missing_ok=True)
 
-    Rank 0 alone decides: it wrote the epochs' weights, and it alone writes model.pt.
+
+def averaged_paths(run: Run, cfg: TrainConfig) -> tuple[list[Path], str]:
+    """The last ``average_last`` weights saved for averaging, latest first: every ``average_every`` steps, or
+    at each epoch's end; and what they are."""
+    if cfg.average_every:
+        last = range(run.state["step"] // cfg.average_every * cfg.average_every, 0, -cfg.average_every)
+        paths, unit = [run.checkpoint_dir / f"step-{s}.pt" for s in last], "checkpoints"
+    else:
+        paths, unit = [run.checkpoint_dir / f"epoch-{e}.pt" for e in range(run.state["epoch"], 0, -1)], "epochs"
+    return [path for path in paths[:cfg.average_last] if path.is_file()], unit
+
+
+def averaged_model(run: Run, cfg: TrainConfig, valid: Pairs) -> Path | None:
+    """The average of the last ``average_last`` epochs' (or checkpoints') weights, when it validates better
+    than the best.
+
+    Rank 0 alone decides: it wrote the weights, and it alone writes model.pt.
     """
     if not run.ctx.is_main:
         return None
-    last = [run.checkpoint_dir / f"epoch-{e}.pt" for e in range(run.state["epoch"], 0, -1)][:cfg.average_last]
-    last = [path for path in last if path.is_file()]
+    last, unit = averaged_paths(run, cfg)
     if len(last) < 2:
         return None
     trainee = run.trainee
     trainee.model.load_state_dict(average_weights(last))
     valid_loss = mean_loss(trainee.model, valid, trainee.ids, cfg.max_tokens, trainee.device, cfg.fast)
-    log.info("average of the last %d epochs: valid loss %.4f (best single epoch %.4f)", len(last), valid_loss,
+    log.info("average of the last %d %s: valid loss %.4f (best single epoch %.4f)", len(last), unit, valid_loss,
              run.state["best_valid_loss"])
     run.log(**{"valid/averaged_loss": valid_loss})
     if valid_loss >= run.state["best_valid_loss"]:
         return None
     path = run.checkpoint_dir / "averaged.pt"
-    run.save_model({"step": run.state["step"], "valid_loss": valid_loss, "averaged_epochs": len(last)}, path)
+    run.save_model({"step": run.state["step"], "valid_loss": valid_loss, f"averaged_{unit}": len(last),
+                    **({"average_every": cfg.average_every} if cfg.average_every else {})}, path)
     return path
 
 

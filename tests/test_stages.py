@@ -500,6 +500,27 @@ def test_model_pt_is_the_best_epoch_or_a_better_average(tmp_path, built, tiny_pa
     assert model.get("averaged_epochs") == (2 if averaged_loss < 2.0 else None)
 
 
+def test_averaging_by_steps_is_the_mean_of_the_last_weights_saved_every_n_steps(tmp_path, built, tiny_params,
+                                                                                 monkeypatch):
+    """train.average_every: weights kept every N steps, the last average_last of them, and model.pt their
+    mean when it validates better (the paper's checkpoints every 10 minutes, where an epoch is too long)."""
+    losses = iter([3.0, 2.0, 1.0])  # epoch 1, epoch 2, then the average: better, so model.pt is the average
+    monkeypatch.setattr(training, "mean_loss", lambda *args: next(losses))
+    tiny_params["cumsum"]["train"].update(epochs=2, average_every=3, average_last=3)
+    summary = train_into(tmp_path, tiny_params, built)
+    last = summary["step"] // 3 * 3
+    kept = sorted(int(path.stem.split("-")[1]) for path in (tmp_path / "ckpt").glob("step-*.pt"))
+    assert kept == [last - 6, last - 3, last]
+    saved = [checkpoint.load(tmp_path / "ckpt" / f"step-{s}.pt")["model"] for s in kept]
+    model = checkpoint.load(tmp_path / "model.pt")
+    assert model["averaged_checkpoints"] == 3 and model["average_every"] == 3 and model["valid_loss"] == 1.0
+    for name, weights in model["model"].items():
+        mean = sum(state[name].double() for state in saved) / 3
+        assert torch.equal(weights, mean.to(weights.dtype)), name
+    assert captions.model_line(model).startswith("Model: the average of the last 3 checkpoints' weights (one "
+                                                 "every 3 steps)")
+
+
 def test_every_epoch_shuffles_the_batches_anew(tmp_path, built, tiny_params, monkeypatch):
     """Epoch e's batches come from train.seed and e: the same pairs each epoch, grouped and ordered anew."""
     drawn = []
