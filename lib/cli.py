@@ -125,7 +125,8 @@ INPUTS = {"source": (DIRECTORY, "fetch"), "data": (DIRECTORY, "prepare"), "token
 PREPARED_FILES = tuple(f"{split}.{kind}" for split in ("train", "valid", "test", "lengths")
                        for kind in ("parquet", "txt"))
 HOLDS = {("fetch", "out"): ("manifest.json", "*.gz", "train.parquet", "valid.parquet", "test.parquet", "input.txt"),
-         ("prepare", "out"): (*PREPARED_FILES, "alphabet.txt", "cleaning.json"), ("tokenize", "out"): ("*.json",),
+         ("prepare", "out"): (*PREPARED_FILES, "alphabet.txt", "cleaning.json"),
+         ("tokenize", "out"): ("*.json", "*.ids", "*.lengths"),
          ("train", "checkpoints"): ("*.pt", ".*.tmp"), ("train", "live"): ("metrics.json", "plots"),
          ("report", "figures"): ("*.png",)}
 

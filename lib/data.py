@@ -78,6 +78,9 @@ class Pairs:
     def __len__(self):
         return len(self.src)
 
+    def subset(self, rows: list[int]) -> "Pairs":
+        return Pairs([self.src[i] for i in rows], [self.tgt[i] for i in rows])
+
     def widths(self) -> list[int]:
         """Each pair's wider side, as a batch pads it: the source, or the target with its bos (or eos)."""
         return [max(len(s), len(t) + 1) for s, t in zip(self.src, self.tgt)]

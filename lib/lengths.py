@@ -24,7 +24,7 @@ def fit_lengths(pairs: Pairs, max_len: int, split: str, too_long: str) -> Pairs:
                 len(pairs) - len(kept), len(pairs), max_len)
     if not kept:
         raise ConfigError(f"train.model.max_len: {max_len} is shorter than every {split} pair")
-    return Pairs([pairs.src[i] for i in kept], [pairs.tgt[i] for i in kept])
+    return pairs.subset(kept)
 
 
 def check_evaluated_lengths(task: str, splits: dict[str, Pairs], max_len: int):

@@ -60,7 +60,7 @@ class MappedPairs(Pairs):
     """``split``'s pairs from ``write_pairs``' files, memory-mapped: nothing is read until a batch asks."""
 
     def __init__(self, directory: str | Path, split: str):
-        self.directory, self.split = Path(directory), split
+        self.directory, self.split, self.rows = Path(directory), split, None
         meta = meta_path(directory, split)
         try:
             self.counts = json.loads(meta.read_text())
@@ -90,11 +90,21 @@ class MappedPairs(Pairs):
         return np.memmap(path, dtype=DTYPE, mode="c", shape=(count,)) if count else np.zeros(0, dtype=DTYPE)
 
     def __len__(self):
-        return self.counts["pairs"]
+        return self.counts["pairs"] if self.rows is None else len(self.rows)
+
+    def subset(self, rows: list[int]) -> "MappedPairs":
+        """The pairs ``rows`` only, mapped still (the ids are not copied)."""
+        view = MappedPairs.__new__(MappedPairs)
+        view.__dict__.update({key: value for key, value in self.__dict__.items() if key not in ("packed",)})
+        view.rows = np.asarray(rows, dtype=np.int64) if self.rows is None else self.rows[rows]
+        return view
 
     @cached_property
     def starts(self) -> dict[str, np.ndarray]:
         return {side: np.cumsum(self.lengths[side], dtype=np.int64) - self.lengths[side] for side in SIDES}
+
+    def _of_rows(self, values: np.ndarray) -> np.ndarray:
+        return values if self.rows is None else values[self.rows]
 
     @property
     def src(self) -> "Sequences":
@@ -105,12 +115,12 @@ class MappedPairs(Pairs):
         return Sequences(self, "tgt")
 
     def widths(self) -> list[int]:
-        return np.maximum(self.lengths["src"], self.lengths["tgt"] + 1).tolist()
+        return np.maximum(self._of_rows(self.lengths["src"]), self._of_rows(self.lengths["tgt"]) + 1).tolist()
 
     @cached_property
     def packed(self) -> tuple[Packed, Packed]:
-        return tuple(Packed(torch.from_numpy(self.ids[side]), torch.from_numpy(self.starts[side]),
-                            torch.from_numpy(self.lengths[side].astype(np.int64))) for side in SIDES)
+        return tuple(Packed(torch.from_numpy(self.ids[side]), torch.from_numpy(self._of_rows(self.starts[side])),
+                            torch.from_numpy(self._of_rows(self.lengths[side]).astype(np.int64))) for side in SIDES)
 
 
 class Sequences:
@@ -123,7 +133,8 @@ class Sequences:
         return len(self.pairs)
 
     def __getitem__(self, i: int) -> list[int]:
-        start, length = int(self.pairs.starts[self.side][i]), int(self.pairs.lengths[self.side][i])
+        row = i if self.pairs.rows is None else int(self.pairs.rows[i])
+        start, length = int(self.pairs.starts[self.side][row]), int(self.pairs.lengths[self.side][row])
         return self.pairs.ids[self.side][start:start + length].tolist()
 
     def __iter__(self):

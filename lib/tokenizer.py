@@ -11,13 +11,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
+import pyarrow.parquet as pq
 import torch
 from tokenizers import Encoding, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from lib.config import ConfigError, TokenizeConfig
-from lib.data import Pairs, SpecialIds
+from lib.data import Pairs, SpecialIds, split_path
 from lib.files import atomic_dir, first_few, not_as_written
 from lib.tasks import get_task
+from lib.token_store import write_pairs
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS = [PAD, BOS, EOS, UNK]
@@ -178,6 +180,19 @@ def continuation(tokenizer: Tokenizer, ids: list[int], tokens: Iterable[int], co
             given = len(ids)
 
 
+def write_splits(tokenizers: Tokenizers, data_dir: str | Path, out_dir: str | Path,
+                 splits: tuple[str, ...] = ("train", "valid"), batch_rows: int = 100_000) -> dict:
+    """Each split of ``data_dir`` encoded a batch of rows at a time and written to ``out_dir`` as a token store
+    (``lib.token_store``), never whole in memory."""
+    counts = {}
+    for split in splits:
+        file = pq.ParquetFile(split_path(data_dir, split))
+        chunks = (encode_pairs(tokenizers, batch.to_pandas())
+                  for batch in file.iter_batches(batch_size=batch_rows, columns=["src", "tgt"]))
+        counts[split] = write_pairs(chunks, out_dir, split)
+    return counts
+
+
 def run(task: str, cfg: TokenizeConfig, data_dir: str | Path, out_dir: str | Path) -> Tokenizers:
     """The tokenize stage: learn from the task's training text only, save into ``out_dir``."""
     module = get_task(task)
@@ -198,4 +213,6 @@ def run(task: str, cfg: TokenizeConfig, data_dir: str | Path, out_dir: str | Pat
     with atomic_dir(out_dir) as tmp:
         for name, tokenizer in files.items():
             tokenizer.save(str(tmp / name))
+        if getattr(module, "TOKEN_STORE", False):  # a corpus of millions: its ids written once, for train to map
+            write_splits(tokenizers, data_dir, tmp)
     return tokenizers

@@ -28,6 +28,7 @@ from lib.run import Run
 from lib.setup import set_up
 from lib.tasks import evaluated_splits, get_task
 from lib.decoding import translate
+from lib.token_store import MappedPairs, meta_path
 from lib.tokenizer import decode, encode_pairs, encode_text
 from transformer.schedules import cosine_lr, noam_lr
 
@@ -79,13 +80,19 @@ def stop_reason(cfg: TrainConfig, state: dict) -> str | None:
     return None
 
 
-def seq2seq_splits(run: Run, cfg: TrainConfig, data_dir) -> tuple[Pairs, Pairs]:
+def encoded_split(tokenizers, data_dir, tokenizer_dir, split: str) -> Pairs:
+    """A split's pairs as token ids: memory-mapped where the tokenize stage wrote them (a corpus of millions,
+    ``TOKEN_STORE``), else encoded here."""
+    if meta_path(tokenizer_dir, split).is_file():
+        return MappedPairs(tokenizer_dir, split)
+    return encode_pairs(tokenizers, read_split(data_dir, split))
+
+
+def seq2seq_splits(run: Run, cfg: TrainConfig, data_dir, tokenizer_dir) -> tuple[Pairs, Pairs]:
     """The train and valid pairs, encoded; every split evaluate decodes checked to fit first."""
     task, tokenizers = run.trainee.task, run.trainee.tokenizers
-    train = fit_lengths(encode_pairs(tokenizers, read_split(data_dir, "train")), cfg.model.max_len, "train",
-                        cfg.too_long)
-    valid = fit_lengths(encode_pairs(tokenizers, read_split(data_dir, "valid")), cfg.model.max_len, "valid",
-                        cfg.too_long)
+    train, valid = (fit_lengths(encoded_split(tokenizers, data_dir, tokenizer_dir, split), cfg.model.max_len, split,
+                                cfg.too_long) for split in ("train", "valid"))
     check_evaluated_lengths(task, {split: encode_pairs(tokenizers, read_split(data_dir, split))
                                    for split in evaluated_splits(task)}, cfg.model.max_len)
     check_budget(train, cfg.max_tokens)
@@ -100,7 +107,7 @@ def train_seq2seq(task, cfg: TrainConfig, data_dir, tokenizer_dir, model_path, c
     run = Run(trainee, cfg, optimizer, ("epochs", "epoch"),
               {"epoch": 0, "batches_done": 0, "elapsed_s": 0.0, "epochs_since_best": 0}, {}, data_dir,
               tokenizer_dir, checkpoint_dir, live_dir, stop_keys=("time_budget_minutes", "patience", "average_last"))
-    train, valid = seq2seq_splits(run, cfg, data_dir)
+    train, valid = seq2seq_splits(run, cfg, data_dir, tokenizer_dir)
     run.open()
     trainee.model.train()
     clock = StepClock()
@@ -212,7 +219,7 @@ def validation_score(run: Run, cfg: TrainConfig, valid: Pairs) -> dict[str, floa
     outputs = translate(model, valid.src, trainee.ids, cfg.max_tokens, VALID_EXTRA_TOKENS)
     model.train(was_training)
     target = trainee.tokenizers.target
-    score = get_task(trainee.task).score(decode(target, outputs), decode(target, valid.tgt))[name]
+    score = get_task(trainee.task).score(decode(target, outputs), decode(target, list(valid.tgt)))[name]
     return {f"valid/{name}": score}
 
 

@@ -4,6 +4,7 @@ prepared a batch of rows at a time with its cleaning counted, and every stage ru
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 
@@ -11,9 +12,14 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 import yaml
 
+from lib import checkpoint, training
+from lib.data import read_split
 from lib.params import stage_config
+from lib.token_store import MappedPairs
+from lib.tokenizer import encode_pairs, load_tokenizers
 from lib.tasks import wmt14
 from tests.conftest import ROOT, TINY_PARAMS, fetch_and_prepare, run_stage
 
@@ -110,3 +116,19 @@ def test_every_stage_runs_on_the_sample_and_scores_sacrebleu(tmp_path, monkeypat
     assert metrics["n_test"] == 30 and "bleu" in metrics["greedy"] and "bleu" in metrics["beam2"]
     assert metrics["greedy"]["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
     assert (tmp_path / "reports" / "report.html").stat().st_size > 0
+
+    # The tokenize stage wrote the splits' ids once; they are the in-memory path's, and train read them
+    tokenizers = load_tokenizers(tmp_path / "models" / "tokenizer")
+    for split in ("train", "valid"):
+        mapped, encoded = MappedPairs(tmp_path / "models" / "tokenizer", split), encode_pairs(
+            tokenizers, read_split(tmp_path / "data", split))
+        assert list(mapped.src) == encoded.src and list(mapped.tgt) == encoded.tgt, split
+    shutil.copytree(tmp_path / "models" / "tokenizer", tmp_path / "in_memory")
+    for stored in (tmp_path / "in_memory").glob("*.tokens.json"):
+        stored.unlink()  # without its counts the store is not there: train encodes the splits itself
+    cfg = stage_config(params, "wmt14", "train")
+    training.run("wmt14", cfg, tmp_path / "data", tmp_path / "in_memory", tmp_path / "m.pt", tmp_path / "ck",
+                 tmp_path / "live")
+    mapped_model, memory_model = (checkpoint.load(path)["model"] for path in (tmp_path / "models" / "model.pt",
+                                                                              tmp_path / "m.pt"))
+    assert all(torch.equal(mapped_model[name], memory_model[name]) for name in memory_model)

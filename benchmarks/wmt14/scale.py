@@ -1,12 +1,14 @@
-"""WMT14 at full size, without the corpus: a synthetic one of the real one's size, through fetch, prepare
-and the tokenizer's training, each timed and its peak memory measured.
+"""WMT14 at full size, without the corpus: a synthetic one of the real one's size, through fetch, prepare,
+tokenize (the BPE learned, then every training and validation id written once) and train's start-up, each
+timed and its peak memory measured.
 
 The real corpus cannot be fetched offline, so this builds one of 4,508,785 pairs in wmt/wmt14's layout
 (de-en/train-*.parquet, validation-*, test-*) from Multi30k's raw files: each pair joins two Multi30k pairs,
 English and German alike, for about WMT's 23 words a sentence. Then each stage runs as `dvc repro` runs it,
 under /usr/bin/time -v. Run from the repository root with the venv active:
     PYTHONPATH=. python benchmarks/wmt14/scale.py --multi30k /path/to/multi30k [--pairs 4508785] [--work DIR]
-Prints one JSON object: each stage's wall seconds and peak memory, and the bytes each output holds.
+Prints one JSON object: each stage's wall seconds and peak memory, the bytes each output holds, and the
+seconds train takes to its first step.
 """
 
 import argparse
@@ -64,6 +66,27 @@ def timed(command: list[str], cwd: Path) -> dict:
     return {"seconds": round(time.perf_counter() - started, 1), "peak_gb": round(peak_kb / 2 ** 20, 2)}
 
 
+def startup(command: list[str], curve: Path, cwd: Path, limit_s: float = 600) -> dict:
+    """Seconds from starting ``command`` (the train stage) to its first logged step, and its peak memory then;
+    the process is stopped there."""
+    started = time.perf_counter()
+    process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    peak_kb = 0
+    while not (curve.is_file() and len(curve.read_text().splitlines()) > 1):
+        if process.poll() is not None:
+            sys.exit(f"train stopped before its first step:\n{process.stderr.read()[-3000:]}")
+        if time.perf_counter() - started > limit_s:
+            process.kill()
+            sys.exit(f"no step within {limit_s} s")
+        status = Path(f"/proc/{process.pid}/status").read_text()
+        peak_kb = int(re.search(r"VmHWM:\s+(\d+)", status).group(1))
+        time.sleep(0.2)
+    seconds = time.perf_counter() - started
+    process.kill()
+    process.wait()
+    return {"seconds_to_first_step": round(seconds, 1), "peak_gb": round(peak_kb / 2 ** 20, 2)}
+
+
 def size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else path.stat().st_size
 
@@ -93,6 +116,14 @@ def main():
     figures = {name: timed(command, ROOT) for name, command in stages.items()}
     for name, path in (("fetch", "sources"), ("prepare", "data"), ("tokenize", "tokenizer")):
         figures[name]["output_bytes"] = size(work / path)
+    # Train's start-up at this size: a small model, so that its first step is over at once and the time is the
+    # data's (the base model's own first step on a CPU takes most of a minute)
+    params["wmt14"]["train"]["model"].update(d_model=64, n_heads=2, encoder_layers=1, decoder_layers=1, d_ff=128)
+    (work / "small.yaml").write_text(yaml.safe_dump(params))
+    figures["train_startup"] = startup(
+        [python, "-m", "stages.train", "wmt14", "--data", str(work / "data"), "--tokenizer", str(work / "tokenizer"),
+         "--model", str(work / "model.pt"), "--checkpoints", str(work / "checkpoints"), "--live", str(work / "live"),
+         "--params", str(work / "small.yaml")], work / "live" / "plots" / "metrics" / "train" / "loss.tsv", ROOT)
     print(json.dumps({"benchmark": "wmt14_scale", "date": str(date.today()), "machine": platform.processor() or
                       platform.machine(), "pairs": args.pairs, "corpus_built_s": built, "corpus_bytes": size(
                           work / "hub"), "stages": figures,

@@ -27,6 +27,7 @@ from lib.tasks.translation import breakdown, score, sentence_score  # noqa: F401
 KIND = "seq2seq"
 HEADLINE = ("greedy.bleu", "beam*.bleu", "greedy.chrf", "valid_perplexity")  # its card in reports/index.html
 VALID_SCORE = "bleu"  # of score(): logged after each epoch (train.valid_score)
+TOKEN_STORE = True  # tokenize writes the splits' ids once (lib.token_store), and train maps them
 LANGUAGES = ("en", "de")
 HUB_SPLITS = {"train": "train", "valid": "validation", "test": "test"}  # our split name -> the hub's
 BATCH_ROWS = 100_000  # rows read, cleaned and written at a time: the corpus is never whole in memory
