@@ -10,6 +10,7 @@ and ``<split>.tokens.json``, the counts that say how long each file must be. ``M
 import json
 from collections.abc import Iterable
 from functools import cached_property
+from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -41,7 +42,7 @@ def write_pairs(chunks: Iterable[Pairs], directory: str | Path, split: str) -> d
                 seqs = getattr(chunk, side)
                 ids_file, lengths_file = files[side]
                 lengths = np.fromiter(map(len, seqs), dtype=DTYPE, count=len(seqs))
-                ids = np.fromiter((t for s in seqs for t in s), dtype=DTYPE, count=int(lengths.sum()))
+                ids = np.fromiter(chain.from_iterable(seqs), dtype=DTYPE, count=int(lengths.sum()))
                 ids_file.write(ids.tobytes())
                 lengths_file.write(lengths.tobytes())
                 counts[f"{side}_ids"] += len(ids)

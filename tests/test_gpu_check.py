@@ -71,6 +71,8 @@ def test_gpu_check_runs_every_step_and_summarises(tmp_path):
     assert summary == json.loads((work / "summary.json").read_text())
     assert summary["cuda_tests"] == "passed" and summary["device"] == "cpu" and summary["torch"] == torch.__version__
     train, throughput = summary["train"], summary["throughput"]
+    base = summary["base_recipe"]  # the paper's base model, smoke-sized on a CPU
+    assert base["tokens_per_s"] > 0 and base["peak_memory_gb"] > 0 and base["hours_to_100k_steps"] > 0
     assert train["epochs"] >= 1 and train["steps"] >= 1 and train["tokens_per_s_median"] > 0
     assert 0 < train["mfu_median"] and 0 < train["best_valid_loss"] < 20
     assert [b["max_tokens"] for b in throughput] == [64, 256, 512]  # a quarter of, at and twice MAX_TOKENS

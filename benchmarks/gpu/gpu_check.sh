@@ -148,6 +148,16 @@ else
   echo "gpu_check: the compiled step failed (above); going on" >&2
 fi
 
+# The paper's base recipe (params.yaml's wmt14: d_model 512, 6 + 6 layers, d_ff 2048, dropout 0.1), ours
+# alone, at about 25,000 tokens a step: its rate, MFU and peak memory, and the hours its 100,000 steps
+# would take. A CPU's run is a smoke test: a small batch.
+base_tokens=25000
+[ "$DEVICE" = cpu ] && base_tokens=256
+PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" benchmarks/throughput/train_throughput.py --device "$DEVICE" \
+  --precision bf16 --d-model 512 --d-ff 2048 --heads 8 --layers 6 --dropout 0.1 --activation-dropout 0 \
+  --steps $steps --rounds $rounds --models ours --max-tokens $base_tokens --data "$WORK/data" \
+  --tokenizer "$WORK/tokenizer" | tee "$WORK/base.jsonl"
+
 # The progress bar goes to train.log with the rest; the log's own lines are shown.
 train() {
   "$PYTHON" -m stages.train multi30k --data "$WORK/data" --tokenizer "$WORK/tokenizer" --model "$WORK/model.pt" \
@@ -178,6 +188,7 @@ tokens, mfu, valid = read("train/tokens_per_s"), read("train/mfu"), read("valid/
 skip = min(20, len(tokens) // 5)  # warm-up steps
 benches = [json.loads(line) for line in (work / "throughput.jsonl").read_text().splitlines()]
 compiled_step = [json.loads(line) for line in (work / "compiled.jsonl").read_text().splitlines()]
+base = json.loads((work / "base.jsonl").read_text().splitlines()[-1])
 SHOWN = ("step_ms", "busy_ms", "matmul_tflops", "kinds_share", "error")  # of each profile: the rest is in the .jsonl
 
 
@@ -198,6 +209,10 @@ print(json.dumps({
               "epochs": len(valid), "steps": len(tokens)},
     "throughput": [shown(b) for b in sorted(benches, key=lambda b: b["max_tokens"])],
     "compiled_step": shown(compiled_step[0]) if compiled_step else {"error": (failed or ["no output"])[0][:300]},
+    # The paper's 100,000 steps of about 25,000 source and 25,000 target tokens, at the measured rate
+    "base_recipe": {"tokens_per_step": base["tokens_per_step"], "tokens_per_s": base["tokens_per_s"]["ours"],
+                    "mfu_vs_measured_peak": base["mfu"]["ours"], "peak_memory_gb": base["peak_memory_gb"],
+                    "hours_to_100k_steps": round(100_000 * 50_000 / base["tokens_per_s"]["ours"] / 3600, 1)},
 }))
 PY
 [ "$tests" = passed ]

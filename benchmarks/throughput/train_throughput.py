@@ -41,6 +41,7 @@ import argparse
 import json
 import math
 import platform
+import resource
 import statistics
 from datetime import date
 from functools import partial
@@ -332,8 +333,16 @@ def measure(args: argparse.Namespace, cfg: ModelConfig, batches: list[Batch], id
         "matmul_peak_gflops": [round(p / 1e9, 1) for p in peaks],
         "mfu": {name: round(flops / min(values) / max(peaks), 3) for name, values in rounds.items()},
         "mfu_paired": {name: round(statistics.median(values), 3) for name, values in paired.items()},
+        "peak_memory_gb": peak_memory_gb(device),
         **({"profile": profiles} if profiles else {}),
     }
+
+
+def peak_memory_gb(device: torch.device) -> float:
+    """The most memory the run held: the GPU's allocated tensors, or the process's resident set on a CPU."""
+    if device.type == "cuda":
+        return round(torch.cuda.max_memory_allocated(device) / 2 ** 30, 2)
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20, 2)  # Linux: kilobytes
 
 
 def main():
