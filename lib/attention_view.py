@@ -18,10 +18,18 @@ VIEW_EXAMPLES = 32  # at most: the first test examples and the worst, alternatel
 VIEW_BYTES = 2_000_000  # the JSON's cap: examples are added while it stays under (docs/report.md)
 SUMMARY_BATCH = 64  # examples per forward when summarising a split
 
-# The kinds of attention, with what their rows and columns are (token lists of each example).
-SEQ2SEQ_KINDS = {"encoder self": ("source", "source", "encoder self-attention"),
-                 "decoder self": ("output", "decoder input", "decoder self-attention"),
-                 "cross": ("output", "source", "cross-attention")}
+# The model's kinds of attention (as lib.figures.attention_maps and lib.inference name them): the view's name
+# for each, and what its rows and columns are (token lists of each example).
+KINDS = {"encoder self-attention": ("encoder self", "source", "source"),
+         "decoder self-attention": ("decoder self", "output", "decoder input"),
+         "cross-attention": ("cross", "output", "source"),
+         "self-attention": ("self", "text", "text")}
+SEQ2SEQ = ("encoder self-attention", "decoder self-attention", "cross-attention")
+
+
+def kinds_of(names) -> dict:
+    """The view's kinds, each with the names of its rows' and columns' token lists."""
+    return {KINDS[name][0]: {"rows": KINDS[name][1], "cols": KINDS[name][2]} for name in names}
 
 
 def hundredths(weights: torch.Tensor) -> list:
@@ -63,14 +71,13 @@ def seq2seq_view(model, tokenizers, samples: pd.DataFrame) -> dict:
                    "text": {"source": row.source, "reference": row.reference, "output": row.greedy},
                    "tokens": tokens,
                    "weights": {kind: [hundredths(w[0, :, :shape[rows], :shape[cols]]) for w in maps[name]]
-                               for kind, (rows, cols, name) in SEQ2SEQ_KINDS.items()}}
+                               for name, (kind, rows, cols) in KINDS.items() if name in SEQ2SEQ}}
         ok, grown = fits(examples, example, size)
         if not ok:
             break
         examples, size = examples + [example], grown
         layers, heads = len(maps["cross-attention"]), maps["cross-attention"][0].size(1)
-    return {"kinds": {kind: {"rows": rows, "cols": cols} for kind, (rows, cols, _) in SEQ2SEQ_KINDS.items()},
-            "layers": layers, "heads": heads, "examples": examples}
+    return {"kinds": kinds_of(SEQ2SEQ), "layers": layers, "heads": heads, "examples": examples}
 
 
 @torch.no_grad()
@@ -90,28 +97,19 @@ def lm_view(model, tokenizer, text: str, passage_tokens: int) -> dict:
             break
         examples, size = examples + [example], grown
         layers, heads = len(weights), weights[0].size(1)
-    return {"kinds": {"self": {"rows": "text", "cols": "text"}}, "layers": layers, "heads": heads,
-            "examples": examples}
-
-
-# lib.inference's kinds of attention, by the view's names, with what their rows and columns are.
-INFERENCE_KINDS = {"encoder self-attention": ("encoder self", "source", "source"),
-                   "decoder self-attention": ("decoder self", "output", "decoder input"),
-                   "cross-attention": ("cross", "output", "source"),
-                   "self-attention": ("self", "text", "text")}
+    return {"kinds": kinds_of(["self-attention"]), "layers": layers, "heads": heads, "examples": examples}
 
 
 def served_view(attentions: dict, title: str, text: dict[str, str]) -> dict:
     """The view's data for one text from ``lib.inference``'s ``attention()`` (kind -> Attention: layers, rows,
     cols), as the served model's page shows it."""
-    kinds, tokens, weights = {}, {}, {}
+    tokens, weights = {}, {}
     for name, attention in attentions.items():
-        kind, rows, cols = INFERENCE_KINDS[name]
-        kinds[kind] = {"rows": rows, "cols": cols}
+        kind, rows, cols = KINDS[name]
         tokens[rows], tokens[cols] = attention.rows, attention.cols
         weights[kind] = [hundredths(w) for w in attention.layers]
     first = next(iter(attentions.values())).layers
-    return {"kinds": kinds, "layers": len(first), "heads": first[0].size(0),
+    return {"kinds": kinds_of(attentions), "layers": len(first), "heads": first[0].size(0),
             "examples": [{"title": title, "text": text, "tokens": tokens, "weights": weights}]}
 
 
@@ -162,11 +160,11 @@ def seq2seq_summary(model, tokenizers, frame: pd.DataFrame) -> pd.DataFrame:
         maps, _ = attention_maps(model, batch, ids)
         S = torch.tensor([len(pairs.src[i]) for i in indices])
         T = torch.tensor([len(pairs.tgt[i]) + 1 for i in indices])
-        shapes = {"encoder self": (S, S - 1), "decoder self": (T, torch.zeros_like(T)),
-                  "cross": (T, S - 1)}  # the real rows, and the sink: the source's <eos>, or <bos>
-        for kind, (rows, sink) in shapes.items():
-            for layer, weights in enumerate(maps[SEQ2SEQ_KINDS[kind][2]]):
-                accumulate(totals, (kind, layer), head_statistics(weights, rows, sink))
+        shapes = {"encoder self-attention": (S, S - 1), "decoder self-attention": (T, torch.zeros_like(T)),
+                  "cross-attention": (T, S - 1)}  # the real rows, and the sink: the source's <eos>, or <bos>
+        for name, (rows, sink) in shapes.items():
+            for layer, weights in enumerate(maps[name]):
+                accumulate(totals, (KINDS[name][0], layer), head_statistics(weights, rows, sink))
     return summary_frame(totals)
 
 
@@ -180,7 +178,7 @@ def lm_summary(model, tokenizer, text: str, block_size: int, blocks: int = SUMMA
     full, first = torch.full((n,), block_size), torch.zeros(n, dtype=torch.long)
     totals = {}
     for layer, w in enumerate(weights):
-        accumulate(totals, ("self", layer), head_statistics(w, full, first))
+        accumulate(totals, (KINDS["self-attention"][0], layer), head_statistics(w, full, first))
     return summary_frame(totals)
 
 

@@ -261,9 +261,9 @@ def lm_sections(cfg, data_dir, tokenizers, model, samples, by_length: pd.DataFra
 
 def run(task, cfg, data_dir, tokenizer_dir, model_path, metrics_path, samples_path, lengths_path, live_dir,
         report_path, figures_dir, losses_path, page_path=None, card_path=None, scores_path=None):
-    """Draw the figures into a fresh directory and write report.md, report.html and card.html (by default
-    report.html, card.html and valid_score.csv beside report.md) beside their places; then all go into place
-    together, with losses.csv and valid_score.csv: an error or Ctrl-C half way (a full disk writing report.md too) leaves the previous report and
+    """Draw the figures into a fresh directory and write report.md, report.html, card.html, losses.csv and
+    valid_score.csv (by default the last three beside report.md) beside their places; then all go into place
+    together: an error or Ctrl-C half way (a full disk writing report.md too) leaves the previous report and
     its figures as they were, and a report with fewer figures than the last leaves none of the last's behind."""
     report_path, figures_dir = Path(report_path), Path(figures_dir)
     page_path = Path(page_path or report_path.with_suffix(".html"))
@@ -277,7 +277,7 @@ def run(task, cfg, data_dir, tokenizer_dir, model_path, metrics_path, samples_pa
                               lengths_path, Path(live_dir), drawing, rel)
         markdown = "\n".join(report.lines)
         before, after = "\n".join(report.lines[:report.view_at]), "\n".join(report.lines[report.view_at:])
-        card = card_html(task, report.lines[2], headline(get_task(task).HEADLINE, report.metrics))
+        card = card_html(task, report.summary, headline(get_task(task).HEADLINE, report.metrics))
         files.written_together([
             (losses_path, lambda tmp: losses_table(read_curves(Path(live_dir))).to_csv(tmp, index=False)),
             (scores_path, lambda tmp: report.scores.to_csv(tmp, index=False)),
@@ -292,6 +292,7 @@ class Report(NamedTuple):
     view: dict  # that view's data
     metrics: dict
     scores: pd.DataFrame  # valid_score.csv
+    summary: str  # what model.pt holds, in a line
 
 
 def valid_score_table(live_dir: Path, module) -> pd.DataFrame:
@@ -362,4 +363,4 @@ def report_lines(task, cfg, data_dir, tokenizer_dir, model_path, metrics_path, s
         lines += seq2seq_sections(module, cfg, data_dir, tokenizers, model, metrics, samples, by_length,
                                   figures_dir, rel)
         view = seq2seq_view(model, tokenizers, samples)
-    return Report(lines, view_at, view, metrics, scores)
+    return Report(lines, view_at, view, metrics, scores, model_line(state))

@@ -206,9 +206,11 @@ def create_app(task: str, models: str | Path, metrics: str | Path | None = None)
             found, notes = checked(lambda: model.attention(given))
         return jsonify(attention=served_view(found, given[:60], {"text": given}), warnings=notes)
 
+    the_page = app_page(task, lm)  # made once: it changes with the model alone
+
     @app.get("/")
     def index():
-        return Response(app_page(task, lm), mimetype="text/html")
+        return Response(the_page, mimetype="text/html")
 
     return app
 

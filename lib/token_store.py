@@ -70,6 +70,9 @@ class MappedPairs(Pairs):
             raise FileNotFoundError(f"{meta}: not found (run the tokenize stage first)") from None
         except (ValueError, KeyError, TypeError) as err:
             raise not_as_written(meta, f"not the counts of a split ({err})", "tokenize") from None
+        if self.counts.get("dtype") != np.dtype(DTYPE).name:
+            raise not_as_written(meta, f"ids of {self.counts.get('dtype')}, where {np.dtype(DTYPE).name} are read",
+                                 "tokenize")
         self.lengths = {side: self._mapped(side_paths(directory, split, side)[1], n) for side in SIDES}
         self.ids = {side: self._mapped(side_paths(directory, split, side)[0], self.counts[f"{side}_ids"] + 1)
                     for side in SIDES}

@@ -19,6 +19,7 @@ from tqdm import tqdm
 from lib import checkpoint, distributed, signals
 from lib.config import ConfigError, LMTrainConfig, TrainConfig
 from lib.data import Pairs, collate, read_split, read_text, to_device, token_budget_batches
+from lib.decoding import translate
 from lib.device import out_of_memory, out_of_memory_error
 from lib.files import held_alone
 from lib.lengths import check_budget, check_evaluated_lengths, fit_lengths
@@ -27,7 +28,6 @@ from lib.metrics import speed, training_flops
 from lib.run import Run
 from lib.setup import set_up
 from lib.tasks import evaluated_splits, get_task
-from lib.decoding import translate
 from lib.token_store import MappedPairs, meta_path
 from lib.tokenizer import decode, encode_pairs, encode_text
 from transformer.schedules import cosine_lr, noam_lr
@@ -210,8 +210,8 @@ VALID_EXTRA_TOKENS = 50  # a valid output may run this many tokens past its sour
 def validation_score(run: Run, cfg: TrainConfig, valid: Pairs) -> dict[str, float]:
     """The task's ``VALID_SCORE`` of the greedy outputs of the valid split, against its references as the
     tokenizer gives them back; on the main process, which alone logs."""
-    trainee = run.trainee
-    name = getattr(get_task(trainee.task), "VALID_SCORE", None)
+    trainee, module = run.trainee, get_task(run.trainee.task)
+    name = getattr(module, "VALID_SCORE", None)
     if name is None or not run.ctx.is_main:
         return {}
     model, was_training = trainee.model, trainee.model.training
@@ -219,7 +219,7 @@ def validation_score(run: Run, cfg: TrainConfig, valid: Pairs) -> dict[str, floa
     outputs = translate(model, valid.src, trainee.ids, cfg.max_tokens, VALID_EXTRA_TOKENS)
     model.train(was_training)
     target = trainee.tokenizers.target
-    score = get_task(trainee.task).score(decode(target, outputs), decode(target, list(valid.tgt)))[name]
+    score = module.score(decode(target, outputs), decode(target, list(valid.tgt)))[name]
     return {f"valid/{name}": score}
 
 
