@@ -125,7 +125,7 @@ class TokenizeConfig:
 class TrainConfig:
     seed: int  # seeds weights, dropout and batch order
     device: str  # auto (CUDA when present), cpu or cuda
-    epochs: int  # passes over the training split
+    epochs: int  # passes over the training split, at most
     max_tokens: int  # token budget of a batch: sentences x longest padded side
     lr_factor: float  # Noam factor
     warmup: int  # Noam warmup steps: the learning rate peaks here
@@ -135,6 +135,8 @@ class TrainConfig:
     model: ModelConfig
     precision: str = "fp32"  # fp32; bf16 (autocast: matmuls in bfloat16, weights and loss in float32); or auto:
     # bf16 on a GPU or a CPU that multiplies bfloat16 natively (AVX512-BF16, AMX), fp32 elsewhere
+    max_steps: int = 0  # stop at this many optimizer steps, mid-epoch if need be (the paper's unit, sec. 5.3);
+    # 0 = none. Raising it continues a stopped run
     time_budget_minutes: float = 0.0  # stop after the epoch that passes this much training time; 0 = none
     patience: int = 0  # stop after this many epochs without a better validation loss; 0 = never
     average_last: int = 1  # model.pt: the average of the last k epochs' weights, when it validates better
@@ -159,6 +161,7 @@ class TrainConfig:
         choose(self.too_long, "too_long", ("fail", "skip"))
         for name in ("epochs", "max_tokens", "warmup", "checkpoint_every", "average_last", "accumulate"):
             require(getattr(self, name) > 0, name, "must be > 0")
+        require(self.max_steps >= 0, "max_steps", "must be >= 0 (0: no bound but train.epochs)")
         require(self.time_budget_minutes >= 0, "time_budget_minutes", "must be >= 0")
         require(self.patience >= 0, "patience", "must be >= 0")
         require(self.average_every >= 0, "average_every", "must be >= 0 (0: average by epochs)")

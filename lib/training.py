@@ -73,6 +73,8 @@ def stop_reason(cfg: TrainConfig, state: dict) -> str | None:
     """Why training stops before its next epoch, or None to go on."""
     if state["epoch"] >= cfg.epochs:
         return f"trained {cfg.epochs} epoch{'s' * (cfg.epochs != 1)} (train.epochs)"
+    if cfg.max_steps and state["step"] >= cfg.max_steps:
+        return f"trained {cfg.max_steps} steps (train.max_steps)"
     if cfg.time_budget_minutes and state["elapsed_s"] >= 60 * cfg.time_budget_minutes:
         return f"spent {state['elapsed_s'] / 60:.1f} minutes (train.time_budget_minutes: {cfg.time_budget_minutes})"
     if cfg.patience and state["epochs_since_best"] >= cfg.patience:
@@ -106,7 +108,8 @@ def train_seq2seq(task, cfg: TrainConfig, data_dir, tokenizer_dir, model_path, c
     optimizer = torch.optim.Adam(trainee.model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9, fused=True)
     run = Run(trainee, cfg, optimizer, ("epochs", "epoch"),
               {"epoch": 0, "batches_done": 0, "elapsed_s": 0.0, "epochs_since_best": 0}, {}, data_dir,
-              tokenizer_dir, checkpoint_dir, live_dir, stop_keys=("time_budget_minutes", "patience", "average_last"))
+              tokenizer_dir, checkpoint_dir, live_dir, stop_keys=("max_steps", "time_budget_minutes", "patience",
+                                                                         "average_last"))
     train, valid = seq2seq_splits(run, cfg, data_dir, tokenizer_dir)
     run.open()
     trainee.model.train()
@@ -114,16 +117,17 @@ def train_seq2seq(task, cfg: TrainConfig, data_dir, tokenizer_dir, model_path, c
     with signals.held_to_step_ends(run.ctx.world == 1):
         while (reason := stop_reason(cfg, run.state)) is None:
             started = time.perf_counter()
-            started = seq2seq_epoch(run, cfg, train, clock, started)
+            started, complete = seq2seq_epoch(run, cfg, train, clock, started)
             clock.pause()
-            end_epoch(run, cfg, valid, started)
+            end_epoch(run, cfg, valid, started, complete)
     log.info("stopped: %s", reason)
     return run.finish(model_path, averaged_model(run, cfg, valid))
 
 
-def seq2seq_epoch(run: Run, cfg: TrainConfig, train: Pairs, clock: StepClock, started: float) -> float:
-    """The rest of the epoch's steps (all of them, unless resuming mid-epoch); returns when its time last
-    restarted counting (at each checkpoint, which adds the time so far to the state)."""
+def seq2seq_epoch(run: Run, cfg: TrainConfig, train: Pairs, clock: StepClock, started: float) -> tuple[float, bool]:
+    """The rest of the epoch's steps (all of them, unless resuming mid-epoch, or up to ``max_steps``); returns
+    when its time last restarted counting (at each checkpoint, which adds the time so far to the state) and
+    whether the epoch is complete."""
     trainee, optimizer, state = run.trainee, run.optimizer, run.state
     model, ids, device, ctx = trainee.train_model, trainee.ids, trainee.device, trainee.ctx
     epoch = state["epoch"]
@@ -181,25 +185,30 @@ def seq2seq_epoch(run: Run, cfg: TrainConfig, train: Pairs, clock: StepClock, st
                 run.save_last()
                 clock.pause()
                 signals.stop_if_requested()
-    return started
+            if cfg.max_steps and state["step"] >= cfg.max_steps:
+                break
+    return started, state["batches_done"] == len(batches)
 
 
-def end_epoch(run: Run, cfg: TrainConfig, valid: Pairs, started: float):
-    """Validate, keep the epoch's weights for averaging, and checkpoint at the epoch's end."""
+def end_epoch(run: Run, cfg: TrainConfig, valid: Pairs, started: float, complete: bool = True):
+    """Validate, keep the epoch's weights for averaging, and checkpoint at the epoch's end. An epoch cut
+    short by ``max_steps`` validates too but keeps its place: raising max_steps finishes it."""
     trainee, state = run.trainee, run.state
     epoch = state["epoch"]
     valid_loss = mean_loss(trainee.model, valid, trainee.ids, cfg.max_tokens, trainee.device, cfg.fast)
     score = validation_score(run, cfg, valid) if cfg.valid_score else {}
-    log.info("epoch %d: valid loss %.4f%s", epoch + 1, valid_loss,
-             "".join(f", {name.split('/')[1]} {value:.4f}" for name, value in score.items()))
-    run.log(epoch=epoch + 1, **score)
+    log.info("epoch %d%s: valid loss %.4f%s", epoch + 1, "" if complete else f" (to step {state['step']})",
+             valid_loss, "".join(f", {name.split('/')[1]} {value:.4f}" for name, value in score.items()))
+    run.log(**({"epoch": epoch + 1} if complete else {}), **score)
     improved = run.record_validation(valid_loss, {})
-    run.save_model({"step": state["step"], "valid_loss": valid_loss}, run.checkpoint_dir / f"epoch-{epoch + 1}.pt")
-    if run.ctx.is_main:
-        (run.checkpoint_dir / f"epoch-{epoch + 1 - cfg.average_last}.pt").unlink(missing_ok=True)
+    if complete:
+        run.save_model({"step": state["step"], "valid_loss": valid_loss},
+                       run.checkpoint_dir / f"epoch-{epoch + 1}.pt")
+        if run.ctx.is_main:
+            (run.checkpoint_dir / f"epoch-{epoch + 1 - cfg.average_last}.pt").unlink(missing_ok=True)
+        state.update(epoch=epoch + 1, batches_done=0)
     elapsed = distributed.from_main(state["elapsed_s"] + time.perf_counter() - started, run.ctx)
-    state.update(epoch=epoch + 1, batches_done=0, elapsed_s=elapsed,
-                 epochs_since_best=0 if improved else state["epochs_since_best"] + 1)
+    state.update(elapsed_s=elapsed, epochs_since_best=0 if improved else state["epochs_since_best"] + complete)
     run.save_last()
 
 

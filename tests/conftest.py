@@ -4,6 +4,8 @@ import functools
 import http.server
 import importlib
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,10 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 import torch.fx.experimental._config
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from lib.identity import module_files  # noqa: E402
 from transformer.config import ModelConfig  # noqa: E402
 
 
@@ -156,3 +160,86 @@ class Terminal:
     def readline(self) -> bytes:
         self.before_each()
         return next(self.lines, b"")
+
+
+# --- A temporary DVC repo -------------------------------------------------------------------
+
+def sh(*cmd, cwd, env):
+    result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, f"{' '.join(cmd)} failed:\n{result.stdout}\n{result.stderr}"
+    return result.stdout
+
+
+def stages_run(output: str) -> set[str]:
+    return set(re.findall(r"Running stage '([^']+)'", output))
+
+
+# Loaded into every Python process of the test's `dvc repro` (PYTHONPATH): a stage process writes, as it
+# exits, its command line and the project's modules it ran.
+RECORD_MODULES = """import atexit, os, sys
+
+
+def record():
+    if os.sep + "stages" + os.sep in sys.argv[0]:  # python -m stages.train: argv[0] is .../stages/train.py
+        names = sorted(m for m in sys.modules if m.split(".")[0] in ("lib", "stages", "transformer"))
+        with open(os.path.join(os.environ["RECORD_MODULES"], str(os.getpid())), "w") as f:
+            f.write(" ".join(sys.argv) + "\\n" + "\\n".join(names) + "\\n")
+
+
+atexit.register(record)
+"""
+
+
+def code_not_in_deps(loaded, repo) -> dict:
+    """For each stage that ran: the project's files it loaded that its dvc.yaml entry does not list
+    (a change there would leave its outputs stale: dvc repro would not run it again)."""
+    stages = yaml.safe_load((repo / "dvc.yaml").read_text())["stages"]
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    missing = {}
+    for record in loaded.iterdir():
+        argv, *names = record.read_text().splitlines()
+        match = re.search(r"stages/(\w+)\.py (\w+)?", argv)
+        assert match, argv
+        stage, task = match.groups()
+        if task is None:  # a stage run once (index)
+            deps, task = set(stages[stage]["deps"]), ""
+        else:
+            assert task in params["tasks"], argv
+            deps = {dep.replace("${item}", task) for dep in stages[stage]["do"]["deps"]}
+        files = {str(path.relative_to(repo)) for name in names for path in module_files(repo, name)}
+        unlisted = {file for file in files - {"lib/__init__.py", "stages/__init__.py"}
+                    if not any(file == dep or file.startswith(dep + "/") for dep in deps)}  # a directory: its files
+        if unlisted:
+            missing[f"{stage}@{task}" if task else stage] = sorted(unlisted)
+    assert len(list(loaded.iterdir())) >= 5, "every stage's process records what it loaded"
+    return missing
+
+
+DVC = Path(sys.executable).with_name("dvc")
+
+
+def dvc_repo(tmp_path: Path, params: dict) -> tuple[Path, dict, Path]:
+    """A git repo with DVC in ``tmp_path``/repo: the project's code, dvc.yaml and ``params``, committed. Returns
+    it, the environment its commands run in, and the folder where each stage's process records what it
+    loaded (``code_not_in_deps``)."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for name in ("lib", "stages", "transformer"):
+        shutil.copytree(ROOT / name, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("dvc.yaml", ".gitignore", ".dvcignore"):
+        shutil.copy(ROOT / name, repo / name)
+    (repo / "params.yaml").write_text(yaml.safe_dump(params))
+    site, loaded = tmp_path / "site", tmp_path / "loaded"
+    site.mkdir(), loaded.mkdir()
+    (site / "sitecustomize.py").write_text(RECORD_MODULES)
+    env = {**os.environ, "PATH": f"{DVC.parent}{os.pathsep}{os.environ['PATH']}",
+           "PYTHONPATH": str(site), "RECORD_MODULES": str(loaded),
+           "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}
+    sh("git", "init", "-q", cwd=repo, env=env)
+    sh(DVC, "init", "-q", cwd=repo, env=env)
+    sh(DVC, "config", "core.analytics", "false", cwd=repo, env=env)
+    shutil.copytree(ROOT / ".dvc" / "plots", repo / ".dvc" / "plots")  # the train/validation loss template
+    sh("git", "add", "-A", cwd=repo, env=env)
+    sh("git", "commit", "-qm", "tiny pipeline", cwd=repo, env=env)
+    return repo, env, loaded

@@ -361,10 +361,11 @@ def test_time_budget_stops_and_a_rerun_resumes_to_the_same_steps(tmp_path, corpu
 
 def test_stop_reasons():
     params = tiny_params(Path("x"))["multi30k"]["train"]
-    params.update(epochs=10, time_budget_minutes=1.0, patience=3)
+    params.update(epochs=10, max_steps=500, time_budget_minutes=1.0, patience=3)
     train_cfg = cfg({"tasks": ["multi30k"], "multi30k": {"train": params}}, "train")
-    state = {"epoch": 4, "elapsed_s": 30.0, "epochs_since_best": 2}
+    state = {"epoch": 4, "step": 499, "elapsed_s": 30.0, "epochs_since_best": 2}
     assert training.stop_reason(train_cfg, state) is None
+    assert "train.max_steps" in training.stop_reason(train_cfg, {**state, "step": 500})
     assert "train.time_budget_minutes" in training.stop_reason(train_cfg, {**state, "elapsed_s": 61.0})
     assert "train.patience" in training.stop_reason(train_cfg, {**state, "epochs_since_best": 3})
     assert "train.epochs" in training.stop_reason(train_cfg, {**state, "epoch": 10})

@@ -6,6 +6,7 @@ import functools
 import importlib
 import io
 import json
+import logging
 import os
 import platform
 import re
@@ -481,6 +482,28 @@ def test_raising_epochs_resumes_to_the_same_model(tmp_path, built, tiny_params):
     assert all(torch.equal(resumed[k], straight[k]) for k in straight)
     mfu = pd.read_csv(tmp_path / "live" / "plots" / "metrics" / "train" / "mfu.tsv", sep="\t")["mfu"]
     assert len(mfu) == summary["step"] // 2 and (mfu > 0).all() and (mfu < 1).all()  # the second epoch's steps
+
+
+def test_max_steps_stops_mid_epoch_and_raising_it_resumes_to_the_same_model(tmp_path, built, tiny_params,
+                                                                            caplog):
+    """train.max_steps (the paper's unit): the run stops at that step inside an epoch, validated, with a
+    model.pt; lifting the bound finishes the epoch where it stopped, to the weights of a run never stopped."""
+    straight = checkpoint.load(built["checkpoints"] / "last.pt")
+    per_epoch = straight["step"] // tiny_params["cumsum"]["train"]["epochs"]
+    tiny_params["cumsum"]["train"]["max_steps"] = per_epoch // 2
+    with caplog.at_level(logging.INFO, logger="lib.training"):
+        summary = train_into(tmp_path, tiny_params, built)
+    stopped = checkpoint.load(tmp_path / "ckpt" / "last.pt")
+    assert summary["step"] == per_epoch // 2 and stopped["epoch"] == 0 and stopped["batches_done"] == per_epoch // 2
+    assert f"stopped: trained {per_epoch // 2} steps (train.max_steps)" in caplog.text
+    assert checkpoint.load(tmp_path / "model.pt")["step"] == per_epoch // 2  # validated at the stop
+    assert not list((tmp_path / "ckpt").glob("epoch-*.pt"))  # no epoch ended
+    tiny_params["cumsum"]["train"]["max_steps"] = 0
+    summary = train_into(tmp_path, tiny_params, built)
+    assert summary["resumed"] and summary["step"] == straight["step"]
+    resumed = checkpoint.load(tmp_path / "ckpt" / "last.pt")
+    assert resumed["epoch"] == straight["epoch"]
+    assert all(torch.equal(resumed["model"][k], straight["model"][k]) for k in straight["model"])
 
 
 @pytest.mark.parametrize("averaged_loss, model_loss", [(9.0, 2.0), (1.0, 1.0)])

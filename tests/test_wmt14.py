@@ -12,6 +12,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import sacrebleu
 import torch
 import yaml
 
@@ -21,7 +22,7 @@ from lib.params import stage_config
 from lib.token_store import MappedPairs
 from lib.tokenizer import encode_pairs, load_tokenizers
 from lib.tasks import wmt14
-from tests.conftest import ROOT, TINY_PARAMS, fetch_and_prepare, run_stage
+from tests.conftest import DVC, ROOT, TINY_PARAMS, code_not_in_deps, dvc_repo, fetch_and_prepare, sh, stages_run
 
 WORDS = {"the": "der", "dog": "Hund", "cat": "Katze", "runs": "läuft", "sleeps": "schläft", "house": "Haus",
          "in": "im", "garden": "Garten", "a": "ein", "big": "großer", "small": "kleiner", "red": "rote"}
@@ -92,43 +93,46 @@ def test_an_unreachable_source_says_how_to_work_offline(tmp_path):
     assert not (tmp_path / "sources").exists()
 
 
-def test_every_stage_runs_on_the_sample_and_scores_sacrebleu(tmp_path, monkeypatch):
+def test_dvc_exp_run_takes_the_sample_through_every_stage_and_scores_sacrebleu(tmp_path):
+    """`dvc exp run -S 'tasks=[wmt14]'` in a temporary repo, the source a local folder in the hub's layout."""
     write_sample(tmp_path / "hub")
-    monkeypatch.chdir(tmp_path)
-    params = {**TINY_PARAMS, "tasks": ["wmt14"],
-              "wmt14": {**WMT_TINY, "fetch": {"source": str(tmp_path / "hub"), "config": "de-en"}}}
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    steps = [("fetch", ["--out", "sources"]), ("prepare", ["--source", "sources", "--out", "data"]),
-             ("tokenize", ["--data", "data", "--out", "models/tokenizer"]),
-             ("train", ["--data", "data", "--tokenizer", "models/tokenizer", "--model", "models/model.pt",
-                        "--checkpoints", "models/checkpoints", "--live", "reports/train"]),
-             ("evaluate", ["--data", "data", "--tokenizer", "models/tokenizer", "--model", "models/model.pt",
-                           "--metrics", "reports/metrics.json", "--samples", "reports/samples.jsonl",
-                           "--lengths", "reports/by_length.csv"]),
-             ("report", ["--data", "data", "--tokenizer", "models/tokenizer", "--model", "models/model.pt",
-                         "--metrics", "reports/metrics.json", "--samples", "reports/samples.jsonl",
-                         "--lengths", "reports/by_length.csv", "--live", "reports/train", "--out", "reports/report.md",
-                         "--page", "reports/report.html", "--card", "reports/card.html", "--figures",
-                         "reports/figures", "--losses", "reports/losses.csv", "--scores", "reports/valid_score.csv"])]
-    for stage, argv in steps:
-        assert run_stage(stage, ["wmt14", *argv]) == 0, stage
-    metrics = json.loads((tmp_path / "reports" / "metrics.json").read_text())
-    assert metrics["n_test"] == 30 and "bleu" in metrics["greedy"] and "bleu" in metrics["beam2"]
+    params = {**TINY_PARAMS, "wmt14": {**WMT_TINY, "fetch": {"source": str(tmp_path / "hub"), "config": "de-en"}}}
+    repo, env, loaded = dvc_repo(tmp_path, params)
+    ran = sh(DVC, "exp", "run", "-S", "tasks=[wmt14]", cwd=repo, env=env)
+    assert stages_run(ran) == {"index"} | {f"{stage}@wmt14" for stage in ("fetch", "prepare", "tokenize", "train",
+                                                                           "evaluate", "report")}
+    assert code_not_in_deps(loaded, repo) == {}
+    metrics = json.loads((repo / "reports" / "wmt14" / "metrics.json").read_text())
+    assert metrics["n_test"] == 30 and "bleu" in metrics["greedy"] and "tokenized_bleu" in metrics["beam2"]
     assert metrics["greedy"]["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
-    assert (tmp_path / "reports" / "report.html").stat().st_size > 0
+    assert "greedy.bleu" in sh(DVC, "metrics", "show", cwd=repo, env=env)
+    assert (repo / "reports" / "wmt14" / "report.html").stat().st_size > 0
+    assert "wmt14/card.html" in (repo / "reports" / "index.html").read_text()
 
     # The tokenize stage wrote the splits' ids once; they are the in-memory path's, and train read them
-    tokenizers = load_tokenizers(tmp_path / "models" / "tokenizer")
+    data, tokenizer = repo / "data" / "wmt14", repo / "models" / "wmt14" / "tokenizer"
+    tokenizers = load_tokenizers(tokenizer)
     for split in ("train", "valid"):
-        mapped, encoded = MappedPairs(tmp_path / "models" / "tokenizer", split), encode_pairs(
-            tokenizers, read_split(tmp_path / "data", split))
+        mapped, encoded = MappedPairs(tokenizer, split), encode_pairs(tokenizers, read_split(data, split))
         assert list(mapped.src) == encoded.src and list(mapped.tgt) == encoded.tgt, split
-    shutil.copytree(tmp_path / "models" / "tokenizer", tmp_path / "in_memory")
+    shutil.copytree(tokenizer, tmp_path / "in_memory")
     for stored in (tmp_path / "in_memory").glob("*.tokens.json"):
         stored.unlink()  # without its counts the store is not there: train encodes the splits itself
-    cfg = stage_config(params, "wmt14", "train")
-    training.run("wmt14", cfg, tmp_path / "data", tmp_path / "in_memory", tmp_path / "m.pt", tmp_path / "ck",
-                 tmp_path / "live")
-    mapped_model, memory_model = (checkpoint.load(path)["model"] for path in (tmp_path / "models" / "model.pt",
+    cfg = stage_config(yaml.safe_load((repo / "params.yaml").read_text()), "wmt14", "train")  # tasks: [wmt14]
+    training.run("wmt14", cfg, data, tmp_path / "in_memory", tmp_path / "m.pt", tmp_path / "ck", tmp_path / "live")
+    mapped_model, memory_model = (checkpoint.load(path)["model"] for path in (repo / "models" / "wmt14" / "model.pt",
                                                                               tmp_path / "m.pt"))
     assert all(torch.equal(mapped_model[name], memory_model[name]) for name in memory_model)
+
+
+def test_tokenized_bleu_splits_compounds_as_the_papers_script_does():
+    """The paper's BLEU: 13a tokens, then every hyphen inside a word its own ##AT##-##AT## token; on German
+    compounds it reads higher than sacreBLEU, which keeps "Ost-West-Konflikt" one token."""
+    hypotheses, references = ["Der Ost-West-Konflikt, sagte er."], ["Der Ost-West-Streit, sagte er."]
+    by_hand = sacrebleu.metrics.BLEU(tokenize="none", force=True).corpus_score(
+        ["Der Ost ##AT##-##AT## West ##AT##-##AT## Konflikt , sagte er ."],
+        [["Der Ost ##AT##-##AT## West ##AT##-##AT## Streit , sagte er ."]]).score
+    scores = wmt14.score(hypotheses, references)
+    assert scores["tokenized_bleu"] == pytest.approx(by_hand) and scores["tokenized_bleu"] > scores["bleu"]
+    assert wmt14.score(references, references)["tokenized_bleu"] == pytest.approx(100.0)
+    assert "##AT##" in scores["tokenized_bleu_signature"]
