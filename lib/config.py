@@ -281,7 +281,7 @@ STAGE_CONFIGS = {
 # By the task's kind, the train param that sets the learning rate, and the one that sets how long it trains:
 # what a message about a run's rate or length names.
 LR_PARAM = {"seq2seq": "train.lr_factor", "lm": "train.lr"}
-LENGTH_PARAM = {"seq2seq": "train.epochs", "lm": "train.max_iters"}
+LENGTH_PARAM = {"seq2seq": "train.epochs or train.max_steps", "lm": "train.max_iters"}
 
 
 FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max, without importing torch
