@@ -108,8 +108,8 @@ def train_seq2seq(task, cfg: TrainConfig, data_dir, tokenizer_dir, model_path, c
     optimizer = torch.optim.Adam(trainee.model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9, fused=True)
     run = Run(trainee, cfg, optimizer, ("epochs", "epoch"),
               {"epoch": 0, "batches_done": 0, "elapsed_s": 0.0, "epochs_since_best": 0}, {}, data_dir,
-              tokenizer_dir, checkpoint_dir, live_dir, stop_keys=("max_steps", "time_budget_minutes", "patience",
-                                                                         "average_last"))
+              tokenizer_dir, checkpoint_dir, live_dir,
+              stop_keys=("max_steps", "time_budget_minutes", "patience", "average_last"))
     train, valid = seq2seq_splits(run, cfg, data_dir, tokenizer_dir)
     run.open()
     trainee.model.train()
