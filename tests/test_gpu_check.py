@@ -62,8 +62,8 @@ def test_gpu_check_runs_every_step_and_summarises(tmp_path):
     site.mkdir()
     (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
     env = {**os.environ, "PYTHON": sys.executable, "DEVICE": "cpu", "MINUTES": "0.01", "D_MODEL": "32",
-           "MAX_TOKENS": "256", "COMPILE": "1", "PEAK_TFLOPS": "0.001", "MULTI30K": str(write_corpus(tmp_path / "raw")),
-           "WORK": str(work), "PYTHONPATH": str(site)}
+           "LAYERS": "1", "MAX_TOKENS": "256", "COMPILE": "1", "PEAK_TFLOPS": "0.001",
+           "MULTI30K": str(write_corpus(tmp_path / "raw")), "WORK": str(work), "PYTHONPATH": str(site)}
     result = run_tree(["bash", "benchmarks/gpu/gpu_check.sh"], timeout=300, cwd=ROOT, env=env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "installing" not in result.stdout  # this environment lacks nothing

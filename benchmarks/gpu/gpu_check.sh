@@ -17,7 +17,8 @@
 #
 # Settings (environment): PEAK_TFLOPS, the GPU's dense bf16 peak (H100/H200 SXM: 989); MULTI30K, the
 # raw task-1 files; MINUTES of training (1); MAX_TOKENS a batch (32768: a d_model 512 step is then
-# ~15 ms of matmuls at 30% of an H100's peak, long enough to hide the launches); D_MODEL (512);
+# ~15 ms of matmuls at 30% of an H100's peak, long enough to hide the launches); D_MODEL (512); LAYERS,
+# a side, of the stepped model (3: the multi30k recipe's);
 # WORK, a scratch directory (/tmp/gpu_check); COMPILE=1 trains compiled (on an H200 compiling took 3 of
 # 2.5 minutes, for 4% more tokens/s: the loss reached then measures nothing);
 # DEVICE=cpu MINUTES=0.1 D_MODEL=64 MAX_TOKENS=2048 runs the same steps on a CPU, a dry run of the
@@ -71,6 +72,7 @@ MULTI30K=${MULTI30K:-../shared/data/multi30k}
 MINUTES=${MINUTES:-1}
 MAX_TOKENS=${MAX_TOKENS:-32768}
 D_MODEL=${D_MODEL:-512}
+LAYERS=${LAYERS:-3}
 DEVICE=${DEVICE:-cuda}
 COMPILE=${COMPILE:-0}
 rm -rf "$WORK" && mkdir -p "$WORK"
@@ -133,7 +135,7 @@ steps=10 rounds=2 profile=3
 [ "$DEVICE" = cpu ] && steps=2 rounds=1 profile=1
 throughput() {
   PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" benchmarks/throughput/train_throughput.py --device "$DEVICE" \
-    --precision bf16 --d-model "$D_MODEL" --d-ff $((4 * D_MODEL)) --heads 8 --layers 3 --dropout 0.2 \
+    --precision bf16 --d-model "$D_MODEL" --d-ff $((4 * D_MODEL)) --heads 8 --layers "$LAYERS" --dropout 0.2 \
     --activation-dropout 0 --steps $steps --rounds $rounds --profile $profile --data "$WORK/data" \
     --tokenizer "$WORK/tokenizer" "$@"
 }
