@@ -190,7 +190,7 @@ def seq2seq_epoch(run: Run, cfg: TrainConfig, train: Pairs, clock: StepClock, st
     return started, state["batches_done"] == len(batches)
 
 
-def end_epoch(run: Run, cfg: TrainConfig, valid: Pairs, started: float, complete: bool = True):
+def end_epoch(run: Run, cfg: TrainConfig, valid: Pairs, started: float, complete: bool):
     """Validate, keep the epoch's weights for averaging, and checkpoint at the epoch's end. An epoch cut
     short by ``max_steps`` validates too but keeps its place: raising max_steps finishes it."""
     trainee, state = run.trainee, run.state

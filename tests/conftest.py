@@ -77,6 +77,18 @@ def serving(directory: Path):
         server.server_close()
 
 
+def offline_fetch_line(task: str, params: dict, tmp_path: Path) -> str:
+    """The fetch stage of ``task`` run offline (HF_HUB_OFFLINE, as without internet) as `dvc repro` runs it:
+    it must fail with status 2 and no traceback; returns its last line of stderr."""
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    result = subprocess.run([sys.executable, "-m", "stages.fetch", task, "--out", str(tmp_path / "sources"),
+                             "--params", str(tmp_path / "params.yaml")], cwd=ROOT, capture_output=True, text=True,
+                            env=env)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    return result.stderr.strip().splitlines()[-1]
+
+
 def run_stage(stage: str, argv: list[str]) -> int:
     """``python -m stages.<stage> *argv``'s exit status, run in this process (the stage's main, as the command
     runs it): a command's own process spends most of a failing stage's 5 seconds importing torch. Its

@@ -22,7 +22,7 @@ def prose_sentences(markdown: str) -> list[list[str]]:
 
 
 def test_the_readme_is_short_and_its_sentences_plain():
-    """At most 200 lines, and 25 words a sentence on average (it had 762 lines, and 38 words a sentence)."""
+    """At most 200 lines, and 25 words a sentence on average: read in minutes, the rest linked."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     sentences = prose_sentences(readme)
     mean = sum(map(len, sentences)) / len(sentences)
@@ -31,8 +31,8 @@ def test_the_readme_is_short_and_its_sentences_plain():
 
 
 def test_every_guide_reads_in_plain_sentences():
-    """Each page under docs/ at most 25 words a sentence on average, as the README (the pipeline's page had
-    47, one sentence of generate.md's 243)."""
+    """Each page under docs/ at most 25 words a sentence on average, as the README: a list, not a sentence,
+    for many cases."""
     means = {}
     for page in sorted((ROOT / "docs").glob("*.md")):
         sentences = prose_sentences(page.read_text(encoding="utf-8"))
@@ -47,7 +47,7 @@ def anchor(heading: str) -> str:
 
 def test_the_readme_and_the_guides_link_only_what_is_there():
     """Every file they link, and every section: a headline figure leads to the section that measured it. A
-    link is relative to its page (docs/pipeline.md's "docs/report.md" pointed at docs/docs/report.md)."""
+    link is relative to its page, as a Markdown viewer follows it."""
     pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
     checked = 0
     for page in pages:
@@ -81,8 +81,8 @@ ISSUE = re.compile(r"(?<![\w/])#\d+\b|\bissues? #?\d+", re.I)
 
 
 def test_no_text_reads_as_a_work_log_or_cites_an_issue():
-    """The results were a diary of 4,804 lines: dated entries, sessions counted, issues' criteria. The
-    tree now says what holds, with the command that shows it."""
+    """No dated entries, sessions counted or issues' numbers: the tree says what holds, with the command
+    that shows it."""
     tracked = subprocess.run(["git", "ls-files", "*.md", "*.py", "*.sh", "*.txt", "*.yaml", "Makefile"], cwd=ROOT,
                              capture_output=True, text=True, check=True).stdout.split()
     found = [f"{name}:{number}: {line.strip()[:80]}" for name in tracked if name != "tests/test_docs.py"

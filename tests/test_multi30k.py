@@ -26,7 +26,7 @@ from lib.data import read_split
 from lib.inference import Output, Translator, load
 from lib.sources import sha256
 from lib.tasks import multi30k, run_fetch
-from tests.conftest import ROOT, check_rerunnable, fetch_and_prepare, serving
+from tests.conftest import ROOT, check_rerunnable, fetch_and_prepare, offline_fetch_line, serving
 
 SHARED = ROOT.parent / "shared" / "data" / "multi30k"
 
@@ -221,13 +221,7 @@ def test_a_hub_shaped_folder_goes_through_datasets(tmp_path, monkeypatch):
 
 
 def test_an_unreachable_hub_data_set_is_one_line_naming_it(tmp_path):
-    params = tmp_path / "params.yaml"
-    params.write_text(yaml.safe_dump(tiny_params("someone/multi30k@0123abc")))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
-    result = subprocess.run([sys.executable, "-m", "stages.fetch", "multi30k", "--out", str(tmp_path / "sources"),
-                             "--params", str(params)], cwd=ROOT, capture_output=True, text=True, env=env)
-    assert result.returncode == 2 and "Traceback" not in result.stderr
-    line = result.stderr.strip().splitlines()[-1]
+    line = offline_fetch_line("multi30k", tiny_params("someone/multi30k@0123abc"), tmp_path)
     assert line.startswith("fetch@multi30k: error: multi30k.fetch.source: could not load 'someone/multi30k@0123abc' "
                            "as a Hugging Face data set (") and line.endswith("dvc exp run -S multi30k.fetch.source="
                                                                              "/path/to/copy")

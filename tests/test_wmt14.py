@@ -2,11 +2,8 @@
 prepared a batch of rows at a time with its cleaning counted, and every stage run end to end."""
 
 import json
-import os
 import random
 import shutil
-import subprocess
-import sys
 
 import pandas as pd
 import pyarrow as pa
@@ -22,7 +19,8 @@ from lib.params import stage_config
 from lib.token_store import MappedPairs
 from lib.tokenizer import encode_pairs, load_tokenizers
 from lib.tasks import wmt14
-from tests.conftest import DVC, ROOT, TINY_PARAMS, code_not_in_deps, dvc_repo, fetch_and_prepare, sh, stages_run
+from tests.conftest import (DVC, TINY_PARAMS, code_not_in_deps, dvc_repo, fetch_and_prepare, offline_fetch_line,
+                            sh, stages_run)
 
 WORDS = {"the": "der", "dog": "Hund", "cat": "Katze", "runs": "läuft", "sleeps": "schläft", "house": "Haus",
          "in": "im", "garden": "Garten", "a": "ein", "big": "großer", "small": "kleiner", "red": "rote"}
@@ -80,14 +78,8 @@ def test_the_sample_loads_through_datasets_and_prepare_counts_what_cleaning_drop
 
 def test_an_unreachable_source_says_how_to_work_offline(tmp_path):
     """Offline (HF_HUB_OFFLINE, as without internet): one line naming the source and the way to a local copy."""
-    params = tmp_path / "params.yaml"
-    params.write_text(yaml.safe_dump({**TINY_PARAMS, "tasks": ["wmt14"], "wmt14": {
-        **WMT_TINY, "fetch": {"source": "someone/wmt14@0123abc", "config": "de-en"}}}))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
-    result = subprocess.run([sys.executable, "-m", "stages.fetch", "wmt14", "--out", str(tmp_path / "sources"),
-                             "--params", str(params)], cwd=ROOT, capture_output=True, text=True, env=env)
-    assert result.returncode == 2 and "Traceback" not in result.stderr
-    line = result.stderr.strip().splitlines()[-1]
+    line = offline_fetch_line("wmt14", {**TINY_PARAMS, "tasks": ["wmt14"], "wmt14": {
+        **WMT_TINY, "fetch": {"source": "someone/wmt14@0123abc", "config": "de-en"}}}, tmp_path)
     assert line.startswith("fetch@wmt14: error: wmt14.fetch.source: could not load 'someone/wmt14@0123abc' as a "
                            "Hugging Face data set (") and line.endswith("dvc exp run -S wmt14.fetch.source=/path/to/copy")
     assert not (tmp_path / "sources").exists()
