@@ -1,7 +1,7 @@
 """evaluate@<task>: score the trained model on the test split; write metrics, samples and the score by length."""
 
-from lib.cli import FILE, stage_main
-from lib.evaluation import run
+from lib.stage.cli import FILE, stage_main
+from lib.evaluate.evaluation import run
 
 READS = ["data", "tokenizer", "model"]  # the paths the stage reads, as --options
 WRITES = {"metrics": FILE, "samples": FILE, "lengths": FILE}  # and those it writes

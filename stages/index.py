@@ -1,10 +1,10 @@
 """index: reports/index.html, a section per task in params.yaml: tasks, each showing the card its report stage
 writes. The first stage `dvc repro` runs, it also checks the task list: a misspelt or empty one is said here."""
 
-from lib.cli import FILE, once_main
-from lib.files import atomic_path
-from lib.pages import index_html
-from lib.params import check_tasks
+from lib.stage.cli import FILE, once_main
+from lib.core.files import atomic_path
+from lib.report.pages import index_html
+from lib.tasks.params import check_tasks
 from lib.tasks import get_task
 
 

@@ -2,8 +2,8 @@
 with an interactive attention view; card.html, the headline reports/index.html shows; losses.csv and
 valid_score.csv, the loss and validation-score plots."""
 
-from lib.cli import DIRECTORY, FILE, stage_main
-from lib.reporting import run
+from lib.stage.cli import DIRECTORY, FILE, stage_main
+from lib.report.reporting import run
 
 READS = ["data", "tokenizer", "model", "metrics", "samples", "lengths", "live"]  # the paths read, as --options
 WRITES = {"out": FILE, "page": FILE, "card": FILE, "figures": DIRECTORY, "losses": FILE, "scores": FILE}  # and those it writes

@@ -1,7 +1,7 @@
 """train@<task>: train (or resume) the model; write the best weights and per-step metrics."""
 
-from lib.cli import DIRECTORY, FILE, stage_main
-from lib.training import run
+from lib.stage.cli import DIRECTORY, FILE, stage_main
+from lib.train.training import run
 
 READS = ["data", "tokenizer"]  # the paths the stage reads, as --options
 WRITES = {"model": FILE, "checkpoints": DIRECTORY, "live": DIRECTORY}  # and those it writes

@@ -20,7 +20,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from lib.identity import module_files  # noqa: E402
+from lib.train.identity import module_files  # noqa: E402
 from transformer.config import ModelConfig  # noqa: E402
 
 
@@ -40,11 +40,11 @@ def run_tree(command: list[str], timeout: float, **kwargs) -> subprocess.Complet
 
 
 def check_rerunnable(outputs: dict[tuple[str, str], Path]):
-    """Each directory a stage wrote (by stage and --option) holds only what lib.cli.HOLDS says it writes
+    """Each directory a stage wrote (by stage and --option) holds only what lib.stage.cli.HOLDS says it writes
     there, so that running the stage again over it is not refused (and the check is not vacuous: each holds
     something)."""
-    from lib.files import check_replaceable
-    from lib.cli import HOLDS
+    from lib.core.files import check_replaceable
+    from lib.stage.cli import HOLDS
 
     for (stage, option), path in outputs.items():
         assert any(path.iterdir()), path
@@ -53,7 +53,7 @@ def check_rerunnable(outputs: dict[tuple[str, str], Path]):
 
 def fetch_and_prepare(task: str, fetch_cfg, prepare_cfg, out: Path) -> Path:
     """The fetch stage, then prepare, as `dvc repro` runs them; the fetched files go beside ``out``."""
-    from lib.tasks import run_fetch, run_prepare
+    from lib.tasks.stages import run_fetch, run_prepare
 
     sources = out.with_name(out.name + "_sources")
     run_fetch(task, fetch_cfg, sources)
@@ -105,7 +105,7 @@ def run_stage(stage: str, argv: list[str]) -> int:
 
 @contextlib.contextmanager
 def torch_compile_defaults():
-    """A block after which the process-wide switches that lib.training.compile_model sets (duck sizing, floats
+    """A block after which the process-wide switches that lib.train.training.compile_model sets (duck sizing, floats
     as constants) are back at torch's defaults, for the tests that follow."""
     with torch.fx.experimental._config.patch(use_duck_shape=True), torch._dynamo.config.patch(specialize_float=False):
         yield
@@ -178,7 +178,7 @@ class Terminal:
 
 def sh(*cmd, cwd, env):
     result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
-    assert result.returncode == 0, f"{' '.join(cmd)} failed:\n{result.stdout}\n{result.stderr}"
+    assert result.returncode == 0, f"{' '.join(map(str, cmd))} failed:\n{result.stdout}\n{result.stderr}"
     return result.stdout
 
 

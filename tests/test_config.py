@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lib.config import ConfigError, load_params
-from lib.params import check_stages_after, stage_config
+from lib.core.config import ConfigError, load_params
+from lib.tasks.params import check_stages_after, stage_config
 from tests.conftest import ROOT, run_stage
 
 
@@ -277,7 +277,7 @@ def test_reading_params_imports_neither_torch_nor_pandas():
     """A tool that only reads or edits params.yaml, as gpu_check.sh does twice, reads it as the stages do
     without the 3 s that importing torch takes."""
     code = ("import json, sys; "
-            "from lib.config import load_params; load_params('params.yaml'); print(json.dumps([*sys.modules]))")
+            "from lib.core.config import load_params; load_params('params.yaml'); print(json.dumps([*sys.modules]))")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert {"torch", "pandas"} & set(json.loads(result.stdout)) == set()

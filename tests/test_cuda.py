@@ -1,4 +1,4 @@
-"""What must hold on a GPU: run by benchmarks/gpu/gpu_check.sh (`pytest -m cuda`); skipped without CUDA."""
+"""What must hold on a GPU: run by tools/gpu_check.sh (`pytest -m cuda`); skipped without CUDA."""
 
 import contextlib
 
@@ -35,7 +35,7 @@ def test_bf16_attention_stays_finite_and_close_to_fp32(scale):
 
 
 def test_training_step_and_cached_decoding_on_cuda():
-    from lib.decoding import Decoder
+    from transformer.greedy import Decoder
 
     torch.manual_seed(0)
     model = build_model(model_config(tie_embeddings=True), "seq2seq", V, V, True, fast=True).cuda()
@@ -58,7 +58,7 @@ def test_training_step_and_cached_decoding_on_cuda():
 def test_searches_on_cuda_report_the_scores_teacher_forcing_gives(beam_size):
     """Greedy and beam search keep their running log-probabilities on the device; teacher forcing there
     gives the same scores (what evaluate's search and model errors compare)."""
-    from lib.decoding import score_outputs, translate_n_best
+    from lib.evaluate.decode import score_outputs, translate_n_best
     from tests.test_decoding import unpadded
 
     torch.manual_seed(0)
@@ -133,7 +133,7 @@ def test_the_train_stages_losses_never_wait_for_the_gpu(positional):
 def test_a_batch_goes_to_the_gpu_without_waiting_for_it():
     """Batch.to queues its copies from pinned memory. A copy from pageable memory makes the host
     wait for the GPU's whole queue, the previous step's kernels included, once per tensor."""
-    from lib.data import Pairs, collate
+    from lib.data.pairs import Pairs, collate
 
     batch = collate(Pairs([[5, 6, 7], [8]], [[9], [10, 11]]), [0, 1], IDS)
     with never_waiting():
@@ -143,16 +143,16 @@ def test_a_batch_goes_to_the_gpu_without_waiting_for_it():
 
 
 def test_auto_precision_picks_bf16_on_a_gpu_that_has_it():
-    from lib.device import resolve_precision
+    from lib.model.device import resolve_precision
 
     expected = "bf16" if torch.cuda.is_bf16_supported() else "fp32"  # Ampere and later have it
     assert resolve_precision("auto", torch.device("cuda"), flags=set()) == expected
 
 
 def test_an_lm_scores_a_text_on_cuda_as_on_the_cpu():
-    """evaluation.text_metrics (the evaluate stage, lib.inference's LanguageModel.score) reads a CPU text
+    """evaluation.text_metrics (the evaluate stage, lib.use.inference's LanguageModel.score) reads a CPU text
     with a model on the GPU."""
-    from lib.evaluation import text_metrics
+    from lib.evaluate.evaluation import text_metrics
 
     torch.manual_seed(0)
     model = build_model(model_config(encoder_layers=0, norm_first=True, tie_embeddings=True), "lm", V, V, True, fast=True).eval()
@@ -166,8 +166,9 @@ def test_raising_epochs_resumes_on_cuda_to_the_same_model(tmp_path, tiny_params)
     """A checkpoint resumes on the GPU: it is loaded onto the CPU (a generator takes its state only from there),
     and the GPU's generator, which draws dropout's masks there, is restored too: 1 epoch and then 2 end on the
     model of 2 epochs straight."""
-    from lib import checkpoint, training
-    from lib.params import stage_config
+    from lib.model import checkpoint
+    from lib.train import training
+    from lib.tasks.params import stage_config
     from tests.test_distributed import assert_same_model, prepare
 
     tiny_params["cumsum"]["train"]["device"] = "cuda"

@@ -6,10 +6,11 @@ import pandas as pd
 import pytest
 import torch
 
-from lib.config import from_dict
-from lib.data import Pairs, collate, token_budget_batches
-from lib.tasks import cumsum, run_prepare
-from lib.tokenizer import SpecialIds
+from lib.core.config import from_dict
+from lib.data.pairs import Pairs, collate, token_budget_batches
+from lib.tasks import cumsum
+from lib.tasks.stages import run_prepare
+from lib.data.tokenizer import SpecialIds
 
 IDS = SpecialIds(pad=0, bos=1, eos=2, unk=3)
 

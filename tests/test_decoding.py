@@ -7,10 +7,12 @@ import re
 import pytest
 import torch
 
-from lib.decoding import (Decoder, Hypothesis, beam_search, greedy_search, length_penalty, sample, score_outputs,
-                          top_k_filter, top_p_filter, translate_n_best)
+from transformer.greedy import Decoder, Hypothesis, greedy_search, length_penalty
+from transformer.beam import beam_search
+from transformer.sampling import sample, top_k_filter, top_p_filter
+from lib.evaluate.decode import score_outputs, translate_n_best
 from transformer.model import Transformer, TransformerLM
-from lib.tokenizer import SpecialIds
+from lib.data.tokenizer import SpecialIds
 from tests.conftest import model_config
 
 IDS = SpecialIds(pad=0, bos=1, eos=2, unk=3)
@@ -227,7 +229,7 @@ def test_no_output_outgrows_the_models_max_len():
 
 def test_an_alpha_whose_length_penalty_overflows_is_refused_naming_the_largest_that_does_not():
     """Past ((5 + max_len) / 6) ** alpha = float32's largest, beam search divided a ruled-out candidate's -inf by
-    inf: the NaN ranked above every real candidate, and every output was lost (lib.generate --alpha 1000: an
+    inf: the NaN ranked above every real candidate, and every output was lost (lib.use.generate --alpha 1000: an
     IndexError). An alpha just below the largest still searches to the longest output and scores it finitely."""
     torch.manual_seed(0)
     model = Transformer(model_config(max_len=10, tie_embeddings=True), V, V, joint_vocab=True).eval()

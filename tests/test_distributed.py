@@ -15,7 +15,9 @@ import pytest
 import torch
 import yaml
 
-from lib import checkpoint, cli, distributed
+from lib.model import checkpoint
+from lib.stage import cli
+from lib.core import distributed
 from tests.conftest import ROOT, run_stage, run_tree, shorten_splits
 
 
@@ -73,14 +75,14 @@ def written(root):
 
 def prepare(tmp_path, params: dict, task: str):
     """Write ``params`` to tmp_path/params.yaml and run the task's prepare and tokenize stages there."""
-    from lib import tokenizer
-    from lib.params import stage_config
+    from lib.tasks.stages import run_tokenize
+    from lib.tasks.params import stage_config
     from tests.conftest import fetch_and_prepare
 
     params_path = tmp_path / "params.yaml"
     params_path.write_text(yaml.safe_dump(params))
     fetch_and_prepare(task, stage_config(params, task, "fetch"), stage_config(params, task, "prepare"), tmp_path / "data")
-    tokenizer.run(task, stage_config(params, task, "tokenize"), tmp_path / "data", tmp_path / "tok")
+    run_tokenize(task, stage_config(params, task, "tokenize"), tmp_path / "data", tmp_path / "tok")
     return params_path
 
 
@@ -303,7 +305,7 @@ def test_only_the_train_stage_runs_under_torchrun(tmp_path):
 BROKEN_STAGE = """
 import os, sys
 sys.path.insert(0, {root!r})
-from lib.cli import stage_main
+from lib.stage.cli import stage_main
 
 
 def run(task, cfg, args):

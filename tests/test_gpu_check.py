@@ -1,4 +1,4 @@
-"""benchmarks/gpu/gpu_check.sh, run as a dry run on a CPU: a GPU machine is lent rarely and briefly, so the
+"""tools/gpu_check.sh, run as a dry run on a CPU: a GPU machine is lent rarely and briefly, so the
 script that uses it must not first fail there on a renamed param or a moved file."""
 
 import dataclasses
@@ -64,7 +64,7 @@ def test_gpu_check_runs_every_step_and_summarises(tmp_path):
     env = {**os.environ, "PYTHON": sys.executable, "DEVICE": "cpu", "MINUTES": "0.01", "D_MODEL": "32",
            "LAYERS": "1", "MAX_TOKENS": "256", "COMPILE": "1", "PEAK_TFLOPS": "0.001",
            "MULTI30K": str(write_corpus(tmp_path / "raw")), "WORK": str(work), "PYTHONPATH": str(site)}
-    result = run_tree(["bash", "benchmarks/gpu/gpu_check.sh"], timeout=300, cwd=ROOT, env=env)
+    result = run_tree(["bash", "tools/gpu_check.sh"], timeout=300, cwd=ROOT, env=env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "installing" not in result.stdout  # this environment lacks nothing
     summary = json.loads(result.stdout.strip().splitlines()[-1])
@@ -100,7 +100,7 @@ def test_a_python_lacking_the_requirements_is_told_each(tmp_path):
     python = tmp_path / "python"
     python.write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
     python.chmod(0o755)
-    script = 'source <(sed -n "/^missing_requirements()/,/^}/p" benchmarks/gpu/gpu_check.sh); missing_requirements'
+    script = 'source <(sed -n "/^missing_requirements()/,/^}/p" tools/gpu_check.sh); missing_requirements'
     result = run_tree(["bash", "-c", script], timeout=60, cwd=ROOT, env={**os.environ, "PYTHON": str(python)})
     assert result.returncode == 0, result.stderr
     wanted = [line.split("#")[0].strip() for line in (ROOT / "requirements.txt").read_text().splitlines()]
@@ -110,7 +110,7 @@ def test_a_python_lacking_the_requirements_is_told_each(tmp_path):
 def test_a_profile_that_records_no_time_still_gives_its_figures():
     """On a GPU whose profiler interface (CUPTI) is missing no kernel is recorded: the profile must still
     give a line (its shares None), not stop gpu_check.sh before its training on a division by zero."""
-    from benchmarks.throughput.train_throughput import profile
+    from tools.train_throughput import profile
 
     result = profile([lambda: None], torch.device("cpu"))
     assert result["busy_ms"] == 0 and set(result["kinds_share"].values()) == {None}
@@ -120,7 +120,7 @@ def test_a_profile_that_records_no_time_still_gives_its_figures():
 def test_a_profile_that_fails_says_why_and_spares_the_rest(monkeypatch):
     """The profile's CUDA half runs only on a lent GPU: should the profiler fail there, the throughput line
     still comes, saying why, and gpu_check.sh goes on to its training."""
-    from benchmarks.throughput import train_throughput
+    from tools import train_throughput
 
     def broken(steps, device):
         raise RuntimeError("CUPTI_ERROR_NOT_INITIALIZED")
@@ -133,7 +133,7 @@ def test_a_profile_gives_the_products_rate_by_shape():
     """The H200's step ran at 0.12-0.15 MFU with no way to tell slow GEMMs from time spent elsewhere: the
     profile gives the products' own rate, and each shape's. Two steps of one known product and a smaller one:
     each shape's FLOPs (rate x time) are its own, 2 n^3 a call."""
-    from benchmarks.throughput.train_throughput import profile
+    from tools.train_throughput import profile
 
     big, small = torch.randn(512, 512), torch.randn(8, 128, 128)  # ms each: the rounding (to 1 us) stays small
     result = profile([lambda: (big @ big, torch.bmm(small, small), big + big)] * 2, torch.device("cpu"))
@@ -153,7 +153,7 @@ def test_a_profile_times_the_step_where_no_shapes_are_recorded(monkeypatch):
     took 78k page faults against 3k, its casts ran 8x slower and "cast_and_copy" read 43% of the step where it
     was 13%. The profile's times come from a pass that records no shapes, the products' shapes and FLOPs from a
     second one. A stand-in profiler whose shaped pass reports every operator 5x slower."""
-    from benchmarks.throughput import train_throughput
+    from tools import train_throughput
 
     class Event:
         def __init__(self, key, ms, shapes=None, flops=0):
@@ -189,10 +189,10 @@ def test_a_profile_times_the_step_where_no_shapes_are_recorded(monkeypatch):
 
 
 def test_gpu_traffic_counts_what_each_operator_moves():
-    """The roofline's bytes (benchmarks/gpu/gpu_traffic.py): a dense operator reads and writes each of its tensors
+    """The roofline's bytes (tools/gpu_traffic.py): a dense operator reads and writes each of its tensors
     once, a broadcast row once; a column of a matrix costs a memory sector a row, not the matrix; a gather
     touches of its source what its index names; a view moves nothing. Its FLOPs are the products'."""
-    from benchmarks.gpu.gpu_traffic import Traffic
+    from tools.gpu_traffic import Traffic
 
     meta = lambda *shape, dtype=torch.float32: torch.empty(*shape, dtype=dtype, device="meta")  # noqa: E731
     a, m = meta(1000), meta(1000, 8000)
@@ -211,8 +211,8 @@ def test_gpu_traffic_counts_what_each_operator_moves():
 def small_step():
     """A small model's config, vocabulary size, special ids, and a batch of 6 pairs without padding."""
     from transformer.config import ModelConfig
-    from lib.data import Batch
-    from lib.tokenizer import SpecialIds
+    from lib.data.pairs import Batch
+    from lib.data.tokenizer import SpecialIds
 
     cfg = ModelConfig(d_model=32, n_heads=4, encoder_layers=2, decoder_layers=2, d_ff=64, dropout=0.1,
                       norm_first=False, tie_embeddings=True, fused_qkv=True, max_len=32, activation_dropout=0.1)
@@ -223,13 +223,13 @@ def small_step():
 
 def test_gpu_traffic_takes_the_gpu_step_that_mfu_counts():
     """One training step of a small model on fake tensors, on the GPU's paths: the products it runs are those
-    that lib.metrics.training_flops counts for MFU (a batch without padding), its dropout is torch's fused
+    that lib.model.metrics.training_flops counts for MFU (a batch without padding), its dropout is torch's fused
     one, its attention makes the pass for fully masked rows that a CPU skips, its Adam has its state; and lib
     is as it was after it."""
     import transformer.fast.attention
     import transformer.fast.dropout
-    from benchmarks.gpu import gpu_traffic
-    from lib.metrics import training_flops
+    from tools import gpu_traffic
+    from lib.model.metrics import training_flops
 
     cfg, V, ids, batch = small_step()
     before = transformer.fast.dropout.eager_on_cpu, transformer.fast.attention.eager_on_cpu, torch.nn.functional.dropout
@@ -255,7 +255,7 @@ def test_gpu_traffic_counts_the_compiled_step_as_inductor_fuses_it(monkeypatch):
     16, 16 and a shorter one, its own graph); the model's and the loss's operators all run compiled, the
     optimizer eager; fused, the step moves less; and torch.compile is torch's again after it."""
     import transformer.fast.loss
-    from benchmarks.gpu import gpu_traffic
+    from tools import gpu_traffic
     from tests.conftest import torch_compile_defaults
 
     cfg, V, ids, batch = small_step()
@@ -277,18 +277,18 @@ def test_gpu_traffic_counts_the_compiled_step_as_inductor_fuses_it(monkeypatch):
 
 
 @pytest.mark.parametrize("script, arg, what", [
-    ("gpu.gpu_traffic", "--batches", "above 0"), ("gpu.gpu_traffic", "--peak-tflops", "above 0"),
-    ("gpu.gpu_traffic", "--bandwidth", "above 0"), ("gpu.gpu_traffic", "--max-tokens", "above 0"),
-    ("throughput.train_throughput", "--steps", "above 0"), ("throughput.train_throughput", "--rounds", "above 0"),
-    ("throughput.train_throughput", "--max-tokens", "above 0"),
-    ("throughput.train_throughput", "--profile", "0 or more")])
+    ("tools.gpu_traffic", "--batches", "above 0"), ("tools.gpu_traffic", "--peak-tflops", "above 0"),
+    ("tools.gpu_traffic", "--bandwidth", "above 0"), ("tools.gpu_traffic", "--max-tokens", "above 0"),
+    ("tools.train_throughput", "--steps", "above 0"), ("tools.train_throughput", "--rounds", "above 0"),
+    ("tools.train_throughput", "--max-tokens", "above 0"),
+    ("tools.train_throughput", "--profile", "0 or more")])
 def test_a_benchmark_refuses_a_count_or_rate_it_cannot_take(script, arg, what, monkeypatch, capsys):
     """A count or rate of 0 divided by zero after the work (a traceback), a negative --profile stopped
     islice: each is named before any work."""
     import importlib
 
     value = "-1" if what == "0 or more" else "0"
-    monkeypatch.setattr(sys, "argv", [f"{script}.py", arg, value])
+    monkeypatch.setattr(sys, "argv", [f"{script.split('.')[-1]}.py", arg, value])
     with pytest.raises(SystemExit) as stop:
-        importlib.import_module(f"benchmarks.{script}").parse_args()
+        importlib.import_module(script).parse_args()
     assert stop.value.code == 2 and f"argument {arg}: {value}: must be {what}" in capsys.readouterr().err

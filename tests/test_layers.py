@@ -1,5 +1,5 @@
-"""The layers of .importlinter hold: each module imports only from the layers below it, so no import cycle
-can form, the model package imports nothing of the pipeline, and evaluation imports nothing of training."""
+"""The layers of .importlinter hold: each folder imports only from the folders below it, so no import cycle
+can form, the model package imports nothing of the pipeline, and training imports nothing of what evaluates, reports or serves."""
 
 import os
 import shutil
@@ -23,14 +23,24 @@ def test_the_project_keeps_its_layers():
 
 
 def test_a_planted_cycle_or_an_upward_import_breaks_the_contract(tmp_path):
-    for part in ("lib", "stages", "transformer", ".importlinter"):
+    """The contract is over folders: data importing train, train importing the evaluate stage's searches, the model
+    package importing the pipeline, greedy search importing beam search, and a tool importing a study each
+    break it."""
+    for part in ("benchmarks", "tools", "lib", "stages", "transformer", ".importlinter"):
         copy = shutil.copytree if (ROOT / part).is_dir() else shutil.copy
         copy(ROOT / part, tmp_path / part)
-    data = tmp_path / "lib" / "data.py"
-    data.write_text(data.read_text() + "\nfrom lib import training  # noqa: E402\n")  # training imports data
-    attention = tmp_path / "transformer" / "attention.py"
-    attention.write_text(attention.read_text() + "\nfrom lib import config  # noqa: E402\n")
+    planted = {"lib/data/pairs.py": "from lib.train import training",  # training imports the data
+               "lib/train/run.py": "from lib.evaluate import decode",
+               "transformer/attention.py": "from lib.core import config",
+               "transformer/greedy.py": "from transformer import beam",
+               "tools/mutants.py": "from benchmarks.throughput import same_results"}  # a tool needing a study
+    for name, line in planted.items():
+        module = tmp_path / name
+        module.write_text(module.read_text() + f"\n{line}  # noqa: E402\n")
     done = lint(tmp_path)
     assert done.returncode != 0
     assert "0 broken" not in done.stdout
-    assert "lib.data -> lib.training" in done.stdout and "transformer.attention -> lib.config" in done.stdout
+    for upward in ("lib.data.pairs -> lib.train.training", "lib.train.run -> lib.evaluate.decode",
+                   "transformer.attention -> lib.core.config", "transformer.greedy -> transformer.beam",
+                   "tools.mutants -> benchmarks.throughput.same_results"):
+        assert upward in done.stdout, upward

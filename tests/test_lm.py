@@ -13,15 +13,22 @@ import pytest
 import torch
 import yaml
 
-from lib import device, evaluation, reporting, run, tokenizer, training
-from lib.config import (ConfigError, LMEvaluateConfig, LMReportConfig, LMTrainConfig, TokenizeConfig, from_dict,
+from lib.model import device
+from lib.evaluate import evaluation
+from lib.report import reporting
+from lib.train import run
+from lib.data import tokenizer
+from lib.tasks.stages import run_tokenize
+from lib.train import training
+from lib.core.config import (ConfigError, LMEvaluateConfig, LMReportConfig, LMTrainConfig, TokenizeConfig, from_dict,
                         load_params)
-from lib.decoding import sample, top_k_filter
+from transformer.sampling import sample, top_k_filter
 from transformer.model import TransformerLM
-from lib.training import weight_decay_groups
+from lib.train.training import weight_decay_groups
 from transformer.schedules import cosine_lr
-from lib.sources import sha256
-from lib.tasks import run_fetch, shakespeare
+from lib.data.sources import sha256
+from lib.tasks import shakespeare
+from lib.tasks.stages import run_fetch
 from tests.conftest import ROOT, Terminal, check_rerunnable, fetch_and_prepare, model_config, serving
 
 SHARED_TEXT = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
@@ -47,7 +54,7 @@ def lm_built(tmp_path_factory):
          "report": root / "report.md", "figures": root / "figures", "source": source,
          "lengths": root / "by_length.csv", "losses": root / "losses.csv"}
     prepare_text(source, p["data"])
-    tokenizer.run("shakespeare", TokenizeConfig(kind="char", min_frequency=1), p["data"], p["tok"])
+    run_tokenize("shakespeare", TokenizeConfig(kind="char", min_frequency=1), p["data"], p["tok"])
     cfg = LMTrainConfig(seed=0, device="cpu", max_iters=60, batch_size=8, block_size=16, schedule="cosine", lr=3e-3,
                         min_lr=3e-4, warmup=10, weight_decay=0.1, beta2=0.99, clip_norm=1.0, eval_every=20,
                         eval_batches=2, checkpoint_every=20,
@@ -63,7 +70,7 @@ def lm_built(tmp_path_factory):
 
 
 def models_dir(lm_built, tmp_path) -> Path:
-    """The trained LM laid out as `dvc repro` leaves it (model.pt and tokenizer/), for lib.generate --models."""
+    """The trained LM laid out as `dvc repro` leaves it (model.pt and tokenizer/), for lib.use.generate --models."""
     models = tmp_path / "models"
     shutil.copytree(lm_built["tok"], models / "tokenizer")
     shutil.copyfile(lm_built["model"], models / "model.pt")
@@ -314,7 +321,7 @@ def test_prompts_and_passage_that_the_model_cannot_take_are_named(lm_built, tmp_
     assert not report.exists() and not figures.exists() and not list(tmp_path.glob(".figures*"))
     out = tmp_path / "tok"
     with pytest.raises(ConfigError, match=r"shakespeare\.tokenize\.source_eos: applies to translation tasks"):
-        tokenizer.run("shakespeare", TokenizeConfig(kind="char", min_frequency=1, source_eos=True),
+        run_tokenize("shakespeare", TokenizeConfig(kind="char", min_frequency=1, source_eos=True),
                       lm_built["data"], out)
     assert not out.exists()
 
@@ -324,7 +331,7 @@ def test_an_evaluate_prompt_the_model_cannot_read_is_named_in_the_log(lm_built, 
     read as <unk> without a word: the sample was drawn from a prompt the model could not see."""
     cfg = LMEvaluateConfig(prompts=("JU", "RO\u2019\u2603ME"), max_new_tokens=5, temperature=0.8, top_k=5, seed=0)
     metrics, samples = tmp_path / "metrics.json", tmp_path / "samples.jsonl"
-    with caplog.at_level("WARNING", logger="lib.evaluation"):
+    with caplog.at_level("WARNING", logger="lib.evaluate.evaluation"):
         evaluation.run("shakespeare", cfg, lm_built["data"], lm_built["tok"], lm_built["model"], metrics, samples,
                        tmp_path / "by_length.csv")
     assert [r.getMessage() for r in caplog.records] == [
@@ -383,7 +390,7 @@ def test_the_pinned_sum_is_that_of_the_text_nanogpt_reads():
 
 
 def test_generate_continues_a_prompt(tmp_path, lm_built, capsys):
-    from lib import generate
+    from lib.use import generate
 
     models = models_dir(lm_built, tmp_path)
     run = ["--task", "shakespeare", "--models", str(models), "--max-new-tokens", "25", "--top-k", "5"]
@@ -417,7 +424,8 @@ def test_generate_scores_a_text_over_every_token_after_the_first(tmp_path, lm_bu
     shorter, each read from its own start; bits per character; the attention of the text; clear refusals."""
     import torch.nn.functional as F
 
-    from lib import checkpoint, generate
+    from lib.model import checkpoint
+    from lib.use import generate
 
     models = models_dir(lm_built, tmp_path)
     text = PLAY[:16 * 3 + 6]  # three blocks of 16 targets, then 5 more
@@ -456,7 +464,7 @@ def test_generate_refuses_an_output_that_would_replace_what_it_reads(tmp_path, l
     """--output is replaced whole once the inputs are read: naming the --input or --score file (or a link to
     it) lost that text, the sources replaced by their translations. Refused before the model loads; a hard
     link is another name of the file, and stays as it was when --output replaces the other."""
-    from lib import generate
+    from lib.use import generate
 
     models = models_dir(lm_built, tmp_path)
     text = tmp_path / "text.txt"
@@ -488,7 +496,7 @@ def test_generate_writes_nothing_into_the_models_files(tmp_path, lm_built, capsy
     readable checkpoint"), and a file or --attention's figures put in tokenizer/ would make `dvc repro` take
     that output for changed and run its stage again. Refused before the model loads, links followed, with
     the default models directory too; a file beside model.pt is the user's, and is written."""
-    from lib import generate
+    from lib.use import generate
 
     models = models_dir(lm_built, tmp_path)
     (models / "checkpoints").mkdir()
@@ -521,10 +529,10 @@ def test_generate_writes_nothing_into_the_models_files(tmp_path, lm_built, capsy
 
 
 def test_a_language_model_loaded_from_python_samples_and_scores_as_the_command_line(tmp_path, lm_built, capsys):
-    """lib.inference for an LM: the same samples from the same seed (several from one generator), the
+    """lib.use.inference for an LM: the same samples from the same seed (several from one generator), the
     same scores, the causal self-attention, warnings for what it cannot read, errors naming the option."""
-    from lib import generate
-    from lib.inference import LanguageModel, load
+    from lib.use import generate
+    from lib.use.inference import LanguageModel, load
 
     models = models_dir(lm_built, tmp_path)
     lm = load(models)
@@ -562,10 +570,10 @@ def test_a_language_model_loaded_from_python_samples_and_scores_as_the_command_l
 
 
 def test_a_path_starting_with_a_tilde_is_in_the_home_directory(tmp_path, lm_built, monkeypatch, capsys):
-    """shakespeare.fetch.source, lib.generate's path options and lib.inference.load read a leading ~ as
+    """shakespeare.fetch.source, lib.use.generate's path options and lib.use.inference.load read a leading ~ as
     the shell does, as the home directory: also where the shell leaves it (--models=~/models, from Python)."""
-    from lib import generate
-    from lib.inference import load
+    from lib.use import generate
+    from lib.use.inference import load
 
     monkeypatch.setenv("HOME", str(tmp_path))
     (tmp_path / "cwd").mkdir()
@@ -585,9 +593,9 @@ def test_a_path_starting_with_a_tilde_is_in_the_home_directory(tmp_path, lm_buil
 
 
 def test_a_language_model_names_an_argument_of_the_wrong_type_before_any_work(tmp_path, lm_built, monkeypatch):
-    """lib.inference for an LM: an option, a seed or a text of the wrong type is a TypeError naming it, token ids
+    """lib.use.inference for an LM: an option, a seed or a text of the wrong type is a TypeError naming it, token ids
     that are none of the vocabulary's a ValueError, before the model runs; a tensor of ids is taken as a list."""
-    from lib import inference
+    from lib.use import inference
 
     lm = inference.load(models_dir(lm_built, tmp_path))
     ids = lm.tokenizers.target.encode("ROMEO", add_special_tokens=False).ids
@@ -638,7 +646,7 @@ def test_generate_reads_the_prompt_from_stdin_and_shows_the_sample_as_it_is_draw
     TEXT is. On stdout the prompt comes first, then each piece as it is drawn, not all at the end."""
     import io
 
-    from lib import generate
+    from lib.use import generate
 
     run = ["--task", "shakespeare", "--models", str(models_dir(lm_built, tmp_path)), "--max-new-tokens", "12",
            "--top-k", "5", "--seed", "3"]
@@ -674,8 +682,8 @@ def test_generate_continues_each_line_typed_at_a_terminal_as_it_is_entered(tmp_p
     by its line; an --output file is written at the end. Ctrl-C keeps what was shown."""
     import warnings
 
-    from lib import generate
-    from lib.inference import load
+    from lib.use import generate
+    from lib.use.inference import load
 
     models = models_dir(lm_built, tmp_path)
     run = ["--task", "shakespeare", "--models", str(models), "--max-new-tokens", "12", "--top-k", "5", "--seed", "3",
@@ -725,7 +733,7 @@ def test_the_guides_python_example_for_the_lm_runs(tmp_path, lm_built, capsys):
     """docs/generate.md, "From Python": its LM part, on the tiny LM trained here; the streamed sample is printed."""
     readme = (ROOT / "docs" / "generate.md").read_text(encoding="utf-8")
     code = readme.split("```python\n", 1)[1].split("```", 1)[0]
-    code = 'from lib.inference import load\n' + code[code.index('lm = load("models/shakespeare")'):]
+    code = 'from lib.use.inference import load\n' + code[code.index('lm = load("models/shakespeare")'):]
     assert '"sonnets.txt"' in code and "lm.stream(" in code
     (tmp_path / "sonnets.txt").write_text(PLAY[:200], encoding="utf-8")
     code = code.replace('"models/shakespeare"', repr(str(models_dir(lm_built, tmp_path))))
@@ -740,7 +748,7 @@ def test_generate_stops_quietly_when_the_reader_of_stdout_does(tmp_path, lm_buil
     (not `generate: error: [Errno 32] Broken pipe`)."""
     import subprocess
 
-    command = [sys.executable, "-m", "lib.generate", "--task", "shakespeare", "--models",
+    command = [sys.executable, "-m", "lib.use.generate", "--task", "shakespeare", "--models",
                str(models_dir(lm_built, tmp_path)), "--prompt", "RO", "--max-new-tokens", "100000"]  # not done in time
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert process.stdout.read(10).startswith(b"RO")

@@ -7,12 +7,12 @@ import torch
 from torch import nn
 
 from transformer.masks import causal_mask, padding_mask, target_mask
-from lib.setup import repeats_input
+from lib.model.setup import repeats_input
 from transformer.layers import DecoderLayer, EncoderLayer, FeedForward, RMSNorm
 from transformer.model import Transformer, TransformerLM, build_model, parameter_counts
 from transformer.positions import SinusoidalPositionalEncoding
 from transformer.loss import label_smoothed_nll
-from lib.tokenizer import SpecialIds
+from lib.data.tokenizer import SpecialIds
 from tests.conftest import model_config, torch_compile_defaults
 from tests.test_attention import PAD, copy_mha, tokens_with_padding
 
@@ -377,9 +377,9 @@ def test_training_flops_counts_the_matmuls_a_training_step_runs(kind, modern):
     ``modern``: with one key/value head and SwiGLU."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from lib.data import Batch
-    from lib.metrics import training_flops
-    from lib.losses import lm_loss, seq2seq_loss
+    from lib.data.pairs import Batch
+    from lib.model.metrics import training_flops
+    from lib.model.losses import lm_loss, seq2seq_loss
     from tests.test_decoding import IDS
 
     extra = dict(n_kv_heads=1, activation="swiglu") if modern else {}
@@ -401,7 +401,7 @@ def test_training_flops_counts_the_matmuls_a_training_step_runs(kind, modern):
 def test_a_peak_on_a_slow_kernel_is_timed_on_small_products(monkeypatch):
     """bfloat16 on a CPU without AVX-512 multiplies at ~1 GFLOP/s: the 2048 products that reach a real
     kernel's peak would take minutes there (gpu_check's dry run ran past its 300 s on such a CPU)."""
-    from lib import metrics
+    from lib.model import metrics
 
     cpu, bf16 = torch.device("cpu"), torch.bfloat16
     assert metrics.square_sizes(cpu, bf16, {"avx", "avx2", "fma"}) == (256,)
@@ -455,8 +455,8 @@ def test_the_forward_pass_reads_nothing_back_from_an_accelerator():
 def training_losses(device: str, **overrides):
     """The train stage's two losses, ``seq2seq_loss`` and ``lm_loss``, of ``training_models``: returns a function
     that gives both. Shared by the meta-device test here and the CUDA sync test."""
-    from lib.data import Batch
-    from lib.losses import lm_loss, seq2seq_loss
+    from lib.data.pairs import Batch
+    from lib.model.losses import lm_loss, seq2seq_loss
     from tests.test_decoding import IDS
 
     seq2seq, lm, src, tgt = training_models(device, **overrides)
@@ -492,7 +492,7 @@ def test_the_training_forward_pass_compiles_into_one_graph():
 
 
 def test_a_compiled_seq2seq_serves_every_batch_shape_with_one_graph(monkeypatch):
-    """lib.training.compile_model: batches with S == T, then S != T, then another batch size, all
+    """lib.train.training.compile_model: batches with S == T, then S != T, then another batch size, all
     through the first graph; by default the first batch's S == T would be assumed from then on."""
     from torch._dynamo.testing import CompileCounter
 

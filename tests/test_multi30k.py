@@ -19,13 +19,20 @@ import pytest
 import torch
 import yaml
 
-from lib import checkpoint, evaluation, losses, reporting, tokenizer, training
-from lib.config import ConfigError, ReportConfig
-from lib.params import stage_config
-from lib.data import read_split
-from lib.inference import Output, Translator, load
-from lib.sources import sha256
-from lib.tasks import multi30k, run_fetch
+from lib.model import checkpoint
+from lib.evaluate import evaluation
+from lib.model import losses
+from lib.report import reporting
+from lib.data import tokenizer
+from lib.tasks.stages import run_tokenize
+from lib.train import training
+from lib.core.config import ConfigError, ReportConfig
+from lib.tasks.params import stage_config
+from lib.data.pairs import read_split
+from lib.use.inference import Output, Translator, load
+from lib.data.sources import sha256
+from lib.tasks import multi30k
+from lib.tasks.stages import run_fetch
 from tests.conftest import ROOT, check_rerunnable, fetch_and_prepare, offline_fetch_line, serving
 
 SHARED = ROOT.parent / "shared" / "data" / "multi30k"
@@ -238,7 +245,7 @@ def test_bpe_round_trips_and_specials_come_from_the_artifact(tmp_path, corpus, j
     params = tiny_params(corpus, joint=joint)
     params["multi30k"]["tokenize"]["split_punctuation"] = split_punctuation
     prepare(params, tmp_path / "data")
-    tokenizer.run("multi30k", cfg(params, "tokenize"), tmp_path / "data", tmp_path / "tok")
+    run_tokenize("multi30k", cfg(params, "tokenize"), tmp_path / "data", tmp_path / "tok")
     files = sorted(p.name for p in (tmp_path / "tok").iterdir())
     assert files == (["tokenizer.json"] if joint else ["source.json", "target.json"])
     toks = tokenizer.load_tokenizers(tmp_path / "tok")
@@ -288,7 +295,7 @@ def build(tmp_path, params, name="run"):
              tmp_path / name / "live")
     if not paths[0].exists():
         prepare(params, paths[0])
-        tokenizer.run("multi30k", cfg(params, "tokenize"), paths[0], paths[1])
+        run_tokenize("multi30k", cfg(params, "tokenize"), paths[0], paths[1])
     return paths
 
 
@@ -309,7 +316,7 @@ def test_trains_evaluates_and_ties_embeddings(tmp_path, corpus, joint):
                              reports / "metrics.json", reports / "samples.jsonl", reports / "by_length.csv")
     assert {"bleu", "chrf", "bleu_signature", "seconds"} <= set(metrics["greedy"]) <= set(metrics["beam3"])
     assert metrics["valid_perplexity"] > 1.0
-    # Whose fault the wrong outputs are, recomputed through lib.inference: each search is judged as it ranks,
+    # Whose fault the wrong outputs are, recomputed through lib.use.inference: each search is judged as it ranks,
     # greedy search by probability (alpha 0), beam search by its length-penalised score.
     translator = Translator(*checkpoint.load_trained(paths[2], paths[1])[:2])
     test = read_split(paths[0], "test")
@@ -379,7 +386,7 @@ def test_real_multi30k_loads_and_bpe_round_trips(tmp_path):
     prepare(params, tmp_path / "data")
     sizes = {s: len(pd.read_parquet(tmp_path / "data" / f"{s}.parquet")) for s in ("train", "valid", "test")}
     assert sizes == {"train": 29000, "valid": 1014, "test": 1000}
-    toks = tokenizer.run("multi30k", cfg(params, "tokenize"), tmp_path / "data", tmp_path / "tok")
+    toks = run_tokenize("multi30k", cfg(params, "tokenize"), tmp_path / "data", tmp_path / "tok")
     test = pd.read_parquet(tmp_path / "data" / "test.parquet")
     for side, column in ((toks.source, "src"), (toks.target, "tgt")):
         texts = test[column].tolist()
@@ -390,9 +397,9 @@ def test_real_multi30k_loads_and_bpe_round_trips(tmp_path):
 @pytest.mark.parametrize("joint, source_eos", [(True, True), (False, True), (True, False)])
 def test_source_eos_ends_every_source_the_model_reads(tmp_path, corpus, monkeypatch, joint, source_eos):
     """tokenize.source_eos is kept in the tokenizer file (its source side's post-processor), so training,
-    evaluation and lib.generate all give the model the same sources; targets never get the <eos>."""
-    from lib import inference
-    from lib.decoding import Hypothesis
+    evaluation and lib.use.generate all give the model the same sources; targets never get the <eos>."""
+    from lib.use import inference
+    from transformer.greedy import Hypothesis
 
     params = tiny_params(corpus, joint=joint)
     params["multi30k"]["tokenize"]["source_eos"] = source_eos
@@ -423,7 +430,7 @@ def trained(tmp_path, corpus):
 
 
 def test_generate_translates_a_file_line_by_line(tmp_path, trained, capsys):
-    from lib import generate
+    from lib.use import generate
 
     # Characters never seen in training (<unk>), an empty line, an over-long one.
     lines = [GERMAN[0] + " ☃ 北京", "", " ".join(["Hund"] * 80), GERMAN[1]]
@@ -446,9 +453,10 @@ def test_generate_translates_a_file_line_by_line(tmp_path, trained, capsys):
 def test_generate_writes_each_lines_n_best_with_the_scores_beam_search_ranked_them_by(tmp_path, trained):
     """--n-best K: a table of each translated line's K best outputs, best first; rank 1 is the plain output,
     and each score is the model's own log-probability of that output over the length penalty."""
-    from lib import generate, inference
-    from lib.decoding import length_penalty, score_outputs
-    from lib.tokenizer import encode_sources, special_ids
+    from lib.use import generate, inference
+    from transformer.greedy import length_penalty
+    from lib.evaluate.decode import score_outputs
+    from lib.data.tokenizer import encode_sources, special_ids
 
     (tmp_path / "in.txt").write_text("\n".join([GERMAN[0], "", GERMAN[1]]) + "\n", encoding="utf-8")
     run = ["--task", "multi30k", "--models", str(trained), "--input", str(tmp_path / "in.txt"), "--beam-size", "4",
@@ -481,11 +489,11 @@ def test_generate_writes_each_lines_n_best_with_the_scores_beam_search_ranked_th
 def test_generate_scores_given_outputs_as_the_model_would(tmp_path, trained, capsys):
     """--score FILE: each given output (a reference, say) scored beside its source line: its log-probability
     is minus the summed cross-entropy training's own loss gives it; lines it cannot use are named."""
-    from lib import generate
-    from lib.data import Pairs, collate
-    from lib.decoding import length_penalty
+    from lib.use import generate
+    from lib.data.pairs import Pairs, collate
+    from transformer.greedy import length_penalty
     from transformer.masks import padding_mask, target_mask
-    from lib.tokenizer import encode, encode_sources, special_ids
+    from lib.data.tokenizer import encode, encode_sources, special_ids
 
     (tmp_path / "in.txt").write_text("\n".join([GERMAN[0], "", GERMAN[1], GERMAN[2]]) + "\n", encoding="utf-8")
     references = [ENGLISH[0], ENGLISH[1], ENGLISH[1] + " ☃", " ".join(["dog"] * 80)]
@@ -538,7 +546,7 @@ def test_attention_drawn_again_clears_the_last_runs_figures(tmp_path):
     """An --attention directory drawn again shows one run: an earlier run's figures that this one did not draw
     (three lines then, one now; an LM's self_attention.png) stayed beside the new ones, attention.md no longer
     naming them. They go; files by other names stay; no temporary is left."""
-    from lib import generate
+    from lib.use import generate
 
     out = tmp_path / "figs"
     out.mkdir()
@@ -560,10 +568,11 @@ def test_generate_draws_the_attention_that_wrote_each_output(tmp_path, trained, 
     """--attention DIR: per translated line, the three kinds of attention of the model teacher-forced on its
     own output, cut to the line's real lengths (the same weights as that line run alone, unpadded), rows
     labelled by the output's tokens and <eos>; empty lines drawn never; nothing left half-written."""
-    from lib import figures, generate
-    from lib.data import Pairs, collate
-    from lib.decoding import translate
-    from lib.tokenizer import encode_sources, special_ids
+    from lib.report import figures
+    from lib.use import generate
+    from lib.data.pairs import Pairs, collate
+    from lib.model.translate import greedy_translate
+    from lib.data.tokenizer import encode_sources, special_ids
 
     drawn = {}
     real = figures.example_heatmaps
@@ -588,7 +597,7 @@ def test_generate_draws_the_attention_that_wrote_each_output(tmp_path, trained, 
     ids = special_ids(toks)
     maps, src, labels = drawn["line 3"]
     source = encode_sources(toks, [GERMAN[1]])[0].ids
-    [output] = translate(model, [source], ids, 8192, 20)  # generate's defaults: greedy, 20 extra tokens
+    [output] = greedy_translate(model, [source], ids, 8192, 20)  # generate's defaults: greedy, 20 extra tokens
     assert toks.target.decode(output) == outputs[2]
     assert src == [toks.source.id_to_token(t) for t in source]
     assert labels == [toks.target.id_to_token(t) for t in output] + ["<eos>"]
@@ -609,7 +618,7 @@ def test_generate_draws_the_attention_that_wrote_each_output(tmp_path, trained, 
 def test_generate_reads_stdin_and_names_what_it_cannot_use(tmp_path, trained, capsys, monkeypatch):
     import io
 
-    from lib import generate
+    from lib.use import generate
 
     def stdin(data: bytes):
         monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"))
@@ -682,7 +691,7 @@ def test_generate_reads_stdin_and_names_what_it_cannot_use(tmp_path, trained, ca
 
 
 def test_generate_interrupted_is_one_line_and_writes_nothing(tmp_path, trained, capsys, monkeypatch):
-    from lib import generate
+    from lib.use import generate
 
     def ctrl_c(*args, **kwargs):
         raise KeyboardInterrupt
@@ -701,7 +710,7 @@ def test_generate_interrupted_is_one_line_and_writes_nothing(tmp_path, trained, 
 
 def sentence_of(translator, n_tokens: int) -> str:
     """A German sentence that the translator reads as exactly ``n_tokens`` ids (its source <eos> included)."""
-    from lib.tokenizer import encode_sources
+    from lib.data.tokenizer import encode_sources
 
     for words in range(1, n_tokens + 1):
         for end in ("", " ein"):  # "Hund" is read as two tokens here, "ein" as one
@@ -732,7 +741,7 @@ def test_a_path_starting_with_a_tilde_is_in_the_home_directory(tmp_path, trained
     """multi30k.fetch.source ~/raw is the home directory's raw files, not a hub data set of that name; a
     translation's --input, --models and --output read ~ as the home directory too, also where the shell leaves
     it (--input=~/in.txt)."""
-    from lib import generate
+    from lib.use import generate
 
     monkeypatch.setenv("HOME", str(tmp_path))
     (tmp_path / "cwd").mkdir()
@@ -746,10 +755,10 @@ def test_a_path_starting_with_a_tilde_is_in_the_home_directory(tmp_path, trained
 
 
 def test_a_translator_loaded_from_python_gives_what_the_command_line_writes(tmp_path, trained, capsys):
-    """lib.inference: one sentence in, one out; a list in, a list out, warnings naming the sentence at fault
+    """lib.use.inference: one sentence in, one out; a list in, a list out, warnings naming the sentence at fault
     by its index; n-best lists and scores as the command line's table gives them; the attention itself."""
-    from lib import generate
-    from lib.tokenizer import encode_sources
+    from lib.use import generate
+    from lib.data.tokenizer import encode_sources
 
     translator = load(trained)
     assert isinstance(translator, Translator)

@@ -28,6 +28,7 @@ def test_dvc_repro_end_to_end(tmp_path):
     second = sh(DVC, "repro", cwd=repo, env=env)
     assert stages_run(second) == set()
     assert "up to date" in sh(DVC, "status", cwd=repo, env=env)
+    check_edits_rerun_only_the_stages_that_run_them(repo, env)
 
     # The small metrics and plot tables are git's (cache: false), the rest DVC's: committed, a fresh clone
     # (no DVC cache, no remote) shows the baseline's metrics, and diffs them
@@ -60,15 +61,64 @@ def test_dvc_repro_end_to_end(tmp_path):
                   if losses_rev["step"] == "1" and losses_rev["split"] == "train") == ["HEAD", "fewer"]
 
 
+# Code that training never runs, and the stage it does belong to (None: no stage, only a user runs it).
+NOT_TRAINING = {"transformer/beam.py": "evaluate", "transformer/sampling.py": "evaluate",
+                "lib/evaluate/decode.py": "evaluate", "lib/evaluate/evaluation.py": "evaluate",
+                "lib/report/figures.py": "report", "lib/report/reporting.py": "report",
+                "lib/tasks/stages.py": "tokenize", "lib/use/generate.py": None, "lib/use/serve.py": None}
+# Code that training runs: the model, the loss, the data pipeline, the per-epoch validation score.
+TRAINING = ["transformer/model.py", "transformer/attention.py", "transformer/loss.py", "transformer/greedy.py",
+            "lib/data/pairs.py", "lib/data/tokenizer.py", "lib/model/translate.py", "lib/model/losses.py",
+            "lib/tasks/translation.py", "lib/tasks/cumsum.py", "lib/train/training.py"]
+
+
+def changed_deps(repo, env, files: list[str]) -> dict[str, set[str]]:
+    """``dvc status`` after a comment is added to each of ``files``: per stale stage, its changed deps. The files
+    are put back afterwards."""
+    kept = {name: (repo / name).read_text() for name in files}
+    try:
+        for name, text in kept.items():
+            (repo / name).write_text(text + "\n# an edit\n")
+        status = json.loads(sh(DVC, "status", "--json", cwd=repo, env=env))
+    finally:
+        for name, text in kept.items():
+            (repo / name).write_text(text)
+    return {stage: {dep for entry in entries if isinstance(entry, dict) for dep in entry.get("changed deps", {})}
+            for stage, entries in status.items()}
+
+
+def check_edits_rerun_only_the_stages_that_run_them(repo, env):
+    """Editing beam search, a report figure or other code training never runs leaves train@cumsum up to date
+    (and makes the stage that runs it stale); editing the model, the loss, the data or the validation score
+    makes it stale."""
+    def covered(name: str, deps: set[str]) -> bool:  # a dep is a file or a folder
+        return any(name == dep or name.startswith(dep + "/") for dep in deps)
+
+    stale = changed_deps(repo, env, list(NOT_TRAINING))
+    assert "train@cumsum" not in stale, stale
+    for name, stage in NOT_TRAINING.items():
+        if stage:
+            assert covered(name, stale.get(f"{stage}@cumsum", set())), (name, stale)
+        else:
+            assert not any(covered(name, deps) for deps in stale.values()), (name, stale)
+    stale = changed_deps(repo, env, TRAINING)
+    assert [name for name in TRAINING if not covered(name, stale.get("train@cumsum", set()))] == []
+
+
 @pytest.mark.parametrize("task", ["cumsum", "multi30k", "shakespeare", "wmt14"])
 def test_a_checkpoint_is_tied_to_exactly_the_code_dvc_reruns_training_for(task):
     """Resume refuses a checkpoint when training's code changed (training_code's fingerprint); DVC reruns
     train when its deps change. The two lists must agree: a file in the fingerprint only would throw away
     an interrupted run's progress for an edit to, say, the report's plots; a dep only would resume a
     model trained by other code."""
-    from lib.identity import training_code
+    from lib.train.identity import training_code
 
     deps = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]["train"]["do"]["deps"]
-    code_deps = {dep.replace("${item}", task) for dep in deps if dep.startswith(("lib/", "transformer/"))}
-    code = {str(path.relative_to(ROOT)) for path in training_code(task)} - {"lib/__init__.py"}
-    assert code == code_deps - {"lib/cli.py", "lib/params.py"}  # the stage script's helpers, not training's
+    code_deps = set()
+    for dep in (dep.replace("${item}", task) for dep in deps if dep.startswith(("lib/", "transformer/"))):
+        folder = ROOT / dep
+        code_deps |= {str(f.relative_to(ROOT)) for f in folder.glob("*.py")} if folder.is_dir() else {dep}
+    code = {str(path.relative_to(ROOT)) for path in training_code(task)} - {"lib/__init__.py", "transformer/__init__.py"}
+    # the stage script's helpers: its argv and params (a task's fetch section read through lib/data/sources.py)
+    stage_script = {"lib/stage/__init__.py", "lib/stage/cli.py", "lib/tasks/params.py", "lib/data/sources.py"}
+    assert code - stage_script == code_deps - stage_script

@@ -14,9 +14,10 @@ import pytest
 import torch
 import yaml
 
-from lib import checkpoint, training
-from lib.config import ConfigError
-from lib.params import stage_config
+from lib.model import checkpoint
+from lib.train import training
+from lib.core.config import ConfigError
+from lib.tasks.params import stage_config
 from lib.tasks import shakespeare
 from tests.conftest import ROOT, fetch_and_prepare, run_stage
 from tests.test_stages import built, last_line  # noqa: F401 (built: the tiny cumsum pipeline, a fixture)
@@ -91,12 +92,12 @@ def test_a_second_trainer_on_the_same_paths_stops_at_once(tmp_path, built, tiny_
 
 
 def test_a_lock_left_by_a_killed_trainer_never_blocks(tmp_path):
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom lib.files import held_alone\n"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom lib.core.files import held_alone\n"
                                "with held_alone(sys.argv[1], 'ckpt'):\n    print('held', flush=True)\n"
                                "    time.sleep(60)", str(tmp_path / "ckpt.lock")], cwd=ROOT, stdout=subprocess.PIPE,
                               text=True)
     assert holder.stdout.readline() == "held\n"
-    from lib.files import held_alone
+    from lib.core.files import held_alone
 
     with pytest.raises(ValueError, match=rf"ckpt: another process \(PID {holder.pid}\) is writing there"):
         with held_alone(tmp_path / "ckpt.lock", "ckpt"):
@@ -114,7 +115,7 @@ def test_a_lock_left_by_a_killed_trainer_never_blocks(tmp_path):
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_a_trainer_stops_when_its_parent_dies():
     """SIGTERM to `dvc repro` alone left the train stage running, its parent gone."""
-    child = ("import signal, sys, time\nfrom lib.cli import stop_with_parent\n"
+    child = ("import signal, sys, time\nfrom lib.stage.cli import stop_with_parent\n"
              "signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))\nstop_with_parent()\n"
              "print('ready', flush=True)\ntime.sleep(60)")
     parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys\n"
@@ -171,7 +172,7 @@ def test_params_edited_while_training_fail_the_stage_and_keep_the_checkpoint(tmp
 def test_a_torch_file_that_is_not_our_model_is_named_in_evaluate_and_generate(tmp_path, built, capsys, saved, found):
     """A valid torch file (a list, another program's dict, weights of other shapes) gave TypeError, KeyError or
     torch's size mismatch, as tracebacks."""
-    from lib import generate
+    from lib.use import generate
 
     models = tmp_path / "models"
     shutil.copytree(built["tokenizer"], models / "tokenizer")
@@ -208,7 +209,7 @@ def test_a_huge_max_len_is_named_where_the_config_is_checked(tiny_params):
 ])
 def test_a_beam_past_its_bound_is_named_before_any_search(tmp_path, built, capsys, option, value, message):
     """--beam-size 10,000,000 was an allocator traceback; 100,000 took a minute and 5 GB on two lines."""
-    from lib import generate
+    from lib.use import generate
 
     (tmp_path / "in.txt").write_text("1 2 3\n")
     with pytest.raises(SystemExit) as exit_info:
@@ -218,7 +219,7 @@ def test_a_beam_past_its_bound_is_named_before_any_search(tmp_path, built, capsy
 
 
 def test_max_new_tokens_past_its_bound_is_named():
-    from lib.inference import check
+    from lib.use.inference import check
 
     with pytest.raises(ValueError, match=r"max_new_tokens 1000000: must be in \[1, 100000\]"):
         check(max_new_tokens=1_000_000)

@@ -10,12 +10,12 @@ import pandas as pd
 import pytest
 import yaml
 
-from lib import checkpoint
-from lib.attention_view import chosen_examples
-from lib.data import collate
-from lib.figures import attention_maps
-from lib.reporting import read_samples
-from lib.tokenizer import encode_pairs, special_ids
+from lib.model import checkpoint
+from lib.report.attention_view import chosen_examples
+from lib.data.pairs import collate
+from lib.report.figures import attention_maps
+from lib.report.reporting import read_samples
+from lib.data.tokenizer import encode_pairs, special_ids
 from tests.conftest import TINY_PARAMS, run_stage
 from tests.test_stages import built, last_line  # noqa: F401 (built: the tiny cumsum pipeline, a fixture)
 
@@ -125,7 +125,7 @@ def test_head_statistics_read_a_head_that_looks_at_itself_and_one_at_the_previou
     """Per head: mean entropy, weight on the same position, on the previous one, and on the sink."""
     import torch
 
-    from lib.attention_view import head_statistics
+    from lib.report.attention_view import head_statistics
 
     eye = torch.eye(4)
     previous = torch.zeros(4, 4)

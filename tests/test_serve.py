@@ -1,4 +1,4 @@
-"""lib.serve: the JSON API through Flask's test client, the page in a real browser, and a bounded load against
+"""lib.use.serve: the JSON API through Flask's test client, the page in a real browser, and a bounded load against
 127.0.0.1."""
 
 import json
@@ -9,9 +9,9 @@ import pytest
 import torch
 from werkzeug.serving import make_server
 
-from benchmarks.serving.serve_load import hammer
-from lib import generate, inference
-from lib.serve import MOST_BEAM, MOST_BODY, MOST_CHARS, create_app
+from tools.serve_load import hammer
+from lib.use import generate, inference
+from lib.use.serve import MOST_BEAM, MOST_BODY, MOST_CHARS, create_app
 from tests.test_lm import lm_built, models_dir  # noqa: F401 (fixtures: the tiny LM)
 from tests.test_report_page import Visit, browser  # noqa: F401 (the headless Chromium, a fixture)
 from tests.test_stages import built  # noqa: F401 (the tiny cumsum pipeline, a fixture)

@@ -25,17 +25,27 @@ import pytest
 import torch
 import yaml
 
-from lib import captions, checkpoint, curves, evaluation, figures, files, reporting, tokenizer, training
-from lib import device as lib_device
-from lib.cli import DIRECTORY, FILE, HOLDS, INPUTS
-from lib.config import ConfigError
-from lib.params import stage_config
-from lib.data import collate, read_split, read_text, token_budget_batches
-from lib.decoding import translate
+from lib.report import captions
+from lib.model import checkpoint
+from lib.train import curves
+from lib.evaluate import evaluation
+from lib.report import figures
+from lib.core import files
+from lib.report import reporting
+from lib.data import tokenizer
+from lib.tasks.stages import run_tokenize
+from lib.train import training
+from lib.model import device as lib_device
+from lib.stage.cli import DIRECTORY, FILE, HOLDS, INPUTS
+from lib.core.config import ConfigError
+from lib.tasks.params import stage_config
+from lib.data.pairs import collate, read_split, read_text, token_budget_batches
+from lib.model.translate import greedy_translate
 from transformer.masks import padding_mask, target_mask
 from transformer.model import build_model, parameter_counts
 from transformer.loss import smoothed_loss_floor
-from lib.tasks import cumsum, run_fetch, run_prepare
+from lib.tasks import cumsum
+from lib.tasks.stages import run_fetch, run_prepare
 from tests.conftest import (ROOT, TINY_PARAMS, Terminal, check_rerunnable, model_config, run_stage, shorten_splits,
                             torch_compile_defaults)
 
@@ -57,7 +67,7 @@ def built(tmp_path_factory):
     cfg = lambda stage: stage_config(params, "cumsum", stage)  # noqa: E731
     run_fetch("cumsum", cfg("fetch"), p["sources"])
     run_prepare("cumsum", cfg("prepare"), p["data"], p["sources"])
-    tokenizer.run("cumsum", cfg("tokenize"), p["data"], p["tokenizer"])
+    run_tokenize("cumsum", cfg("tokenize"), p["data"], p["tokenizer"])
     p["summary"] = training.run("cumsum", cfg("train"), p["data"], p["tokenizer"], p["model"],
                                 p["checkpoints"], p["live"])
     p["scores"] = evaluation.run("cumsum", cfg("evaluate"), p["data"], p["tokenizer"], p["model"],
@@ -101,7 +111,7 @@ def test_cumsum_refuses_a_min_frequency_its_closed_vocabulary_cannot_use(tmp_pat
     """It once repeated the alphabet min_frequency times: 10**9 took minutes and 8 GB before failing."""
     tiny_params["cumsum"]["tokenize"]["min_frequency"] = 10**9
     with pytest.raises(ConfigError, match=r"cumsum\.tokenize\.min_frequency: 1000000000, but .* closed .* must be 1"):
-        tokenizer.run("cumsum", stage_config(tiny_params, "cumsum", "tokenize"), built["data"], tmp_path / "tok")
+        run_tokenize("cumsum", stage_config(tiny_params, "cumsum", "tokenize"), built["data"], tmp_path / "tok")
     assert not (tmp_path / "tok").exists()
 
 
@@ -195,8 +205,8 @@ def test_an_alpha_past_the_models_bound_is_named_as_the_param_before_evaluating(
 
 
 def test_a_wrong_output_is_a_search_error_only_where_the_model_scores_the_reference_higher():
-    from lib.decoding import Hypothesis
-    from lib.evaluation import search_or_model
+    from transformer.greedy import Hypothesis
+    from lib.evaluate.evaluation import search_or_model
 
     def h(tokens, score):
         return Hypothesis(tokens, score, score, True)
@@ -457,7 +467,7 @@ def test_the_validation_score_by_epoch_is_the_score_of_that_epochs_greedy_output
     state = checkpoint.load(built["model"])  # the best epoch's weights: its score is the one logged for it
     model, tokenizers, _ = checkpoint.load_trained(built["model"], built["tokenizer"], task="cumsum")
     valid = tokenizer.encode_pairs(tokenizers, read_split(built["data"], "valid"))
-    outputs = tokenizer.decode(tokenizers.target, translate(model, valid.src, tokenizer.special_ids(tokenizers),
+    outputs = tokenizer.decode(tokenizers.target, greedy_translate(model, valid.src, tokenizer.special_ids(tokenizers),
                                                             1024, 50))
     expected = cumsum.score(outputs, tokenizer.decode(tokenizers.target, valid.tgt))["exact_match"]
     assert scores.set_index("step").loc[state["step"], "exact_match"] == pytest.approx(expected)
@@ -491,7 +501,7 @@ def test_max_steps_stops_mid_epoch_and_raising_it_resumes_to_the_same_model(tmp_
     straight = checkpoint.load(built["checkpoints"] / "last.pt")
     per_epoch = straight["step"] // tiny_params["cumsum"]["train"]["epochs"]
     tiny_params["cumsum"]["train"]["max_steps"] = per_epoch // 2
-    with caplog.at_level(logging.INFO, logger="lib.training"):
+    with caplog.at_level(logging.INFO, logger="lib.train.training"):
         summary = train_into(tmp_path, tiny_params, built)
     stopped = checkpoint.load(tmp_path / "ckpt" / "last.pt")
     assert summary["step"] == per_epoch // 2 and stopped["epoch"] == 0 and stopped["batches_done"] == per_epoch // 2
@@ -837,9 +847,9 @@ def test_a_checkpoint_that_would_run_code_as_it_is_read_is_refused_and_not_run(t
 
 
 def test_model_and_tokenizer_from_different_runs_are_named(tmp_path, built, tiny_params):
-    """evaluate, report and lib.generate load both through one helper, which compares the vocabularies."""
+    """evaluate, report and lib.use.generate load both through one helper, which compares the vocabularies."""
     tiny_params["cumsum"]["tokenize"]["kind"] = "char"  # another vocabulary from the same data
-    tokenizer.run("cumsum", stage_config(tiny_params, "cumsum", "tokenize"), built["data"], tmp_path / "tok")
+    run_tokenize("cumsum", stage_config(tiny_params, "cumsum", "tokenize"), built["data"], tmp_path / "tok")
     message = r"model.pt was trained with vocabularies of (\d+) \(source\) and \1 \(target\) tokens, " \
               r"but .*tok has \d+ and \d+: they come from different runs"
     with pytest.raises(ValueError, match=message):
@@ -850,8 +860,8 @@ def test_model_and_tokenizer_from_different_runs_are_named(tmp_path, built, tiny
 
 def test_a_model_of_another_task_is_named(tmp_path, built, capsys):
     """cumsum's model and tokenizer agree with each other, so only the task recorded in model.pt tells
-    evaluate, report and lib.generate that multi30k was asked for (it would "translate" German into digits)."""
-    from lib import generate
+    evaluate, report and lib.use.generate that multi30k was asked for (it would "translate" German into digits)."""
+    from lib.use import generate
 
     state = checkpoint.load(built["model"])
     assert state["task"] == "cumsum"
@@ -1110,7 +1120,7 @@ def test_same_params_same_metrics(tmp_path, built):
 
     cfg = lambda stage: stage_config(params, "cumsum", stage)  # noqa: E731
     run_prepare("cumsum", cfg("prepare"), tmp_path / "data")
-    tokenizer.run("cumsum", cfg("tokenize"), tmp_path / "data", tmp_path / "tok")
+    run_tokenize("cumsum", cfg("tokenize"), tmp_path / "data", tmp_path / "tok")
     training.run("cumsum", cfg("train"), tmp_path / "data", tmp_path / "tok", tmp_path / "model.pt",
                  tmp_path / "ckpt", tmp_path / "live")
     evaluation.run("cumsum", cfg("evaluate"), tmp_path / "data", tmp_path / "tok", tmp_path / "model.pt",
@@ -1348,9 +1358,9 @@ def test_the_readmes_python_example_runs(built, capsys):
 
 
 def test_the_readmes_generate_command_runs(built):
-    """README, "Try a trained model": its `lib.generate` line, run as the shell runs it, on the tiny model."""
+    """README, "Try a trained model": its `lib.use.generate` line, run as the shell runs it, on the tiny model."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    line = next(line for line in readme.splitlines() if line.startswith(".venv/bin/python -m lib.generate"))
+    line = next(line for line in readme.splitlines() if line.startswith(".venv/bin/python -m lib.use.generate"))
     command = line.split("#")[0].replace(".venv/bin/python", sys.executable)
     command += f" --models {built['model'].parent}"
     done = subprocess.run(["bash", "-c", command], cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -1375,9 +1385,9 @@ CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, CUDA])])
 def test_a_model_loaded_onto_a_device_translates_and_reads_as_on_the_cpu(built, device):
-    """lib.inference.load(dir, device): searches, scores and attention run where the model is, and agree
+    """lib.use.inference.load(dir, device): searches, scores and attention run where the model is, and agree
     with the CPU's."""
-    from lib.inference import load
+    from lib.use.inference import load
 
     here, there = load(built["model"].parent), load(built["model"].parent, device)
     assert next(there.model.parameters()).device.type == device
@@ -1393,7 +1403,7 @@ def test_a_model_loaded_onto_a_device_translates_and_reads_as_on_the_cpu(built, 
 
 def test_loading_onto_a_device_that_is_not_here_names_the_device(built):
     """Not torch's deserialisation error, which the checkpoint loader would read as a corrupt file."""
-    from lib.inference import load
+    from lib.use.inference import load
 
     with pytest.raises(ValueError, match=r"device 'gpu': not a device \(auto, cpu, cuda, cuda:N, ...\)"):
         load(built["model"].parent, device="gpu")
@@ -1414,7 +1424,7 @@ def test_loading_onto_a_device_that_is_not_here_names_the_device(built):
 
 def test_a_gpu_index_this_machine_lacks_is_named(monkeypatch):
     """cuda:3 on a machine of two GPUs: the index is named with the ones there are, before anything loads."""
-    from lib.distributed import device_named
+    from lib.core.distributed import device_named
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
@@ -1427,7 +1437,7 @@ def test_a_gpu_index_this_machine_lacks_is_named(monkeypatch):
 def test_loading_a_models_directory_that_is_not_one_names_it(built, tmp_path):
     """A task never built, or the model file given for its directory: named as such, not as a tokenizer.json
     missing inside it."""
-    from lib.inference import load
+    from lib.use.inference import load
 
     with pytest.raises(FileNotFoundError, match=re.escape(f"{tmp_path / 'shakespeare'}: not found (run the train "
                                                           "stage first)")):
@@ -1437,10 +1447,10 @@ def test_loading_a_models_directory_that_is_not_one_names_it(built, tmp_path):
 
 
 def test_a_translator_names_an_argument_of_the_wrong_type_before_any_work(built, monkeypatch):
-    """lib.inference from Python: 2.0 for beam_size, "0.6" for alpha, bytes or a number for a text are a
+    """lib.use.inference from Python: 2.0 for beam_size, "0.6" for alpha, bytes or a number for a text are a
     TypeError naming the argument (not torch's, from deep in a search), raised before a sentence is read; numpy's
     numbers and a pandas Series are taken as Python's own."""
-    from lib import inference
+    from lib.use import inference
 
     translator = inference.load(built["model"].parent)
     assert translator.translate(pd.Series(["1 2", "3"]), beam_size=pd.Series([2]).iloc[0],  # a numpy int64
@@ -1477,7 +1487,7 @@ def test_generate_translates_each_line_typed_at_a_terminal_as_it_is_entered(buil
     """--input - at a terminal: each line's output (its n-best rows) is shown before the next line is read,
     and all of it is what the same lines in a file give; an --output file and --attention are written at
     the end of input, as for a file."""
-    from lib import generate
+    from lib.use import generate
 
     typed = ["3 4 5", "", "1 x 2", "9 9"]
     (tmp_path / "in.txt").write_text("\n".join(typed) + "\n", encoding="utf-8")
@@ -1512,7 +1522,7 @@ def test_a_file_has_a_line_for_each_newline(built, tmp_path, capsys, monkeypatch
     feed, U+2028 or U+0085 within a line (where str.splitlines breaks too) stays in it, and each line has
     one output line, the one the same line typed at a terminal gets. A byte-order mark starting the file
     (Notepad's "UTF-8 with BOM") is not read as part of the first number."""
-    from lib import generate
+    from lib.use import generate
 
     typed = ["3 4\x0c5", "1 2\u20282", "6\x857", "9 9"]
     (tmp_path / "in.txt").write_bytes("\ufeff".encode() + "\r\n".join(typed).encode() + b"\r\n")
@@ -1534,7 +1544,7 @@ def test_an_output_that_is_a_device_a_pipe_or_a_symlink_stays_one(built, tmp_pat
     line naming the --output given, and exit status 2."""
     import threading
 
-    from lib import generate
+    from lib.use import generate
 
     (tmp_path / "in.txt").write_text("3 4 5\n9 9\n", encoding="utf-8")
     run = ["--task", "cumsum", "--models", str(built["model"].parent), "--input", str(tmp_path / "in.txt"), "--output"]
@@ -1567,7 +1577,7 @@ def test_an_output_that_is_a_device_a_pipe_or_a_symlink_stays_one(built, tmp_pat
 def test_ctrl_c_at_the_terminal_keeps_what_was_shown(built, capsys, monkeypatch):
     """Ctrl-C while lines are typed: exit 130 and one line; the outputs shown so far stay, so the message
     does not claim that --output was not written."""
-    from lib import generate
+    from lib.use import generate
 
     reads = []
 

@@ -1,4 +1,4 @@
-"""Token ids written once and memory-mapped (lib.token_store): the same pairs, batches and collate as the
+"""Token ids written once and memory-mapped (lib.data.token_store): the same pairs, batches and collate as the
 in-memory lists, and a damaged file named."""
 
 import json
@@ -7,9 +7,9 @@ import random
 import pytest
 import torch
 
-from lib.data import Pairs, collate, token_budget_batches
-from lib.token_store import MappedPairs, side_paths, write_pairs
-from lib.tokenizer import SpecialIds
+from lib.data.pairs import Pairs, collate, token_budget_batches
+from lib.data.token_store import MappedPairs, side_paths, write_pairs
+from lib.data.tokenizer import SpecialIds
 
 
 def random_pairs(n: int, seed: int = 0) -> Pairs:

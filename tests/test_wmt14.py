@@ -13,11 +13,12 @@ import sacrebleu
 import torch
 import yaml
 
-from lib import checkpoint, training
-from lib.data import read_split
-from lib.params import stage_config
-from lib.token_store import MappedPairs
-from lib.tokenizer import encode_pairs, load_tokenizers
+from lib.model import checkpoint
+from lib.train import training
+from lib.data.pairs import read_split
+from lib.tasks.params import stage_config
+from lib.data.token_store import MappedPairs
+from lib.data.tokenizer import encode_pairs, load_tokenizers
 from lib.tasks import wmt14
 from tests.conftest import (DVC, TINY_PARAMS, code_not_in_deps, dvc_repo, fetch_and_prepare, offline_fetch_line,
                             sh, stages_run)

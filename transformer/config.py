@@ -5,6 +5,7 @@ dotted params.yaml key it came from.
 """
 
 import dataclasses
+import math
 
 
 class ConfigError(ValueError):
@@ -83,3 +84,21 @@ class ModelConfig:
     @property
     def kv_heads(self) -> int:
         return self.n_kv_heads or self.n_heads
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecialIds:
+    """The special tokens' ids, read from the tokenizer (lib.data.tokenizer.special_ids): no module hard-codes them."""
+    pad: int
+    bos: int
+    eos: int
+    unk: int
+
+
+FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max, without importing torch
+
+
+def largest_alpha(longest: int) -> float:
+    """The largest length penalty alpha for which GNMT's ((5 + length) / 6) ** alpha stays within float32 at an
+    output of ``longest`` tokens (36.3 at cumsum's max_len 64, 23.5 at multi30k's 256)."""
+    return math.log(FLOAT32_MAX) / math.log((5 + longest) / 6)

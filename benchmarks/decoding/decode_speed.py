@@ -17,11 +17,11 @@ from pathlib import Path
 
 import torch
 
-from lib.checkpoint import load_directory
-from lib.data import read_split
-from lib.decoding import translate
+from lib.model.checkpoint import load_directory
+from lib.data.pairs import read_split
+from lib.evaluate.decode import translate
 from lib.tasks import multi30k
-from lib.tokenizer import decode, encode_pairs, special_ids
+from lib.data.tokenizer import decode, encode_pairs, special_ids
 
 ROOT = Path(__file__).resolve().parents[2]
 

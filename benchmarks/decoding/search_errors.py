@@ -4,8 +4,8 @@ Needs a trained translation model (multi30k's by default; --data and
 --models for another task's). For each beam size, every sentence of the split
 is decoded and its best output's score (log-probability over GNMT's length
 penalty, as beam search ranks) compared with the reference's, scored the same
-way by teacher forcing (``lib.decoding.score_outputs``; what
-``lib.generate --score`` writes):
+way by teacher forcing (``transformer.greedy.score_outputs``; what
+``lib.use.generate --score`` writes):
 
 - search error: the reference scores higher: the model prefers it, the search missed it;
 - model error: the reference scores lower and differs from the output: the model prefers its own output;
@@ -22,12 +22,12 @@ import json
 from datetime import date
 from pathlib import Path
 
-from lib.checkpoint import load_directory
-from lib.config import load_params
-from lib.data import read_split
-from lib.decoding import score_outputs, translate_n_best
-from lib.evaluation import search_or_model
-from lib.tokenizer import encode_pairs, special_ids
+from lib.model.checkpoint import load_directory
+from lib.core.config import load_params
+from lib.data.pairs import read_split
+from lib.evaluate.decode import score_outputs, translate_n_best
+from lib.evaluate.evaluation import search_or_model
+from lib.data.tokenizer import encode_pairs, special_ids
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -41,10 +41,13 @@ import pandas as pd
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from lib import evaluation, tokenizer, training  # noqa: E402
-from lib.config import ConfigError, load_params, parse_yaml
-from lib.params import stage_config  # noqa: E402
-from lib.tasks import cumsum, run_prepare  # noqa: E402
+from lib.evaluate import evaluation
+from lib.tasks.stages import run_tokenize
+from lib.train import training  # noqa: E402
+from lib.core.config import ConfigError, load_params, parse_yaml
+from lib.tasks.params import stage_config  # noqa: E402
+from lib.tasks import cumsum  # noqa: E402
+from lib.tasks.stages import run_prepare
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -95,7 +98,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         run_prepare("cumsum", cfg["prepare"], tmp / "data")
-        tokenizer.run("cumsum", cfg["tokenize"], tmp / "data", tmp / "tok")
+        run_tokenize("cumsum", cfg["tokenize"], tmp / "data", tmp / "tok")
         for variant, train_cfg in train_cfgs.items():
             run_dir = tmp / f"run{len(results)}"
             start = time.perf_counter()

@@ -33,13 +33,16 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from lib import evaluation, setup, tokenizer, training
-from lib.config import load_params
-from lib.curves import read_curves
-from lib.params import stage_config
-from lib.setup import repeats_input
-from lib.tasks import run_prepare
-from lib.tokenizer import SpecialIds
+from lib.evaluate import evaluation
+from lib.model import setup
+from lib.tasks.stages import run_tokenize
+from lib.train import training
+from lib.core.config import load_params
+from lib.train.curves import read_curves
+from lib.tasks.params import stage_config
+from lib.model.setup import repeats_input
+from lib.tasks.stages import run_prepare
+from lib.data.tokenizer import SpecialIds
 from transformer.masks import padding_mask, target_mask
 from transformer.model import build_model
 
@@ -95,7 +98,7 @@ def trained(variant: str, seed: int, tmp: Path) -> dict:
     data, tok, run_dir = tmp / "data", tmp / "tok", tmp / f"{variant}-{seed}"
     if not data.exists():  # the same data and vocabulary for every run
         run_prepare("cumsum", stage_config(params, "cumsum", "prepare"), data)
-        tokenizer.run("cumsum", stage_config(params, "cumsum", "tokenize"), data, tok)
+        run_tokenize("cumsum", stage_config(params, "cumsum", "tokenize"), data, tok)
     setup.build_model = build(variant)
     start = time.perf_counter()
     training.run("cumsum", stage_config(params, "cumsum", "train"), data, tok, run_dir / "model.pt",

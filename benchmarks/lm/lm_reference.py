@@ -27,15 +27,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lib import checkpoint, training
-from lib.config import LMTrainConfig, ModelConfig, TokenizeConfig
-from lib.data import read_text
-from lib.evaluation import split_loss
-from lib.training import weight_decay_groups
+from lib.model import checkpoint
+from lib.train import training
+from lib.core.config import LMTrainConfig, ModelConfig, TokenizeConfig
+from lib.data.pairs import read_text
+from lib.evaluate.evaluation import split_loss
+from lib.train.training import weight_decay_groups
 from transformer.schedules import cosine_lr
 from transformer.model import build_model
-from lib.tasks import run_fetch, run_prepare, shakespeare
-from lib.tokenizer import encode_text, load_tokenizers, run as run_tokenize
+from lib.tasks import shakespeare
+from lib.tasks.stages import run_fetch, run_prepare
+from lib.data.tokenizer import encode_text, load_tokenizers
+from lib.tasks.stages import run_tokenize
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -23,11 +23,11 @@ from pathlib import Path
 import torch
 
 from benchmarks.lm.lm_reference import step_times
-from lib.config import load_params
-from lib.params import stage_config
+from lib.core.config import load_params
+from lib.tasks.params import stage_config
 from transformer.model import build_model, parameter_counts
-from lib.training import weight_decay_groups
-from lib.device import resolve_precision
+from lib.train.training import weight_decay_groups
+from lib.model.device import resolve_precision
 
 ROOT = Path(__file__).resolve().parents[2]
 VOCAB = 69  # tiny-shakespeare's 65 characters and the 4 special tokens

@@ -21,11 +21,11 @@ from pathlib import Path
 
 import torch
 
-from lib.data import collate, read_split, token_budget_batches
-from lib.inference import load
+from lib.data.pairs import collate, read_split, token_budget_batches
+from lib.use.inference import load
 from transformer.masks import padding_mask, target_mask
 from transformer.layers import Embedding
-from lib.tokenizer import encode_pairs, special_ids
+from lib.data.tokenizer import encode_pairs, special_ids
 
 ROOT = Path(__file__).resolve().parents[2]
 

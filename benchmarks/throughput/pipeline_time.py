@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from lib.config import load_params
+from lib.core.config import load_params
 
 ROOT = Path(__file__).resolve().parents[2]
 

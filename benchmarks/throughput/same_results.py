@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from lib.config import load_params, parse_yaml
+from lib.core.config import load_params, parse_yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("lib", "stages", "transformer")

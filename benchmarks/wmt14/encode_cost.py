@@ -1,9 +1,9 @@
 """Where the tokenize stage's time goes once the BPE is learned: writing every id of the training split
-(lib.tokenizer.write_splits), split into its parts and timed on a synthetic corpus like scale.py's.
+(lib.data.tokenizer.write_splits), split into its parts and timed on a synthetic corpus like scale.py's.
 
 Per batch of rows: reading it from parquet into Python strings; the tokenizer's encode_batch (Rust, on
 every core); taking each encoding's ids out as Python lists; and packing them into int32 arrays and
-writing them (lib.token_store.write_pairs). Also encode_batch_fast, which skips the character offsets.
+writing them (lib.data.token_store.write_pairs). Also encode_batch_fast, which skips the character offsets.
 Run from the repository root with the venv active:
     PYTHONPATH=. python benchmarks/wmt14/encode_cost.py --multi30k /path/to/multi30k [--pairs 300000]
 Prints one JSON object: each part's seconds, its share, and the whole projected to WMT14's 4,508,785 pairs.
@@ -24,12 +24,12 @@ import pyarrow.parquet as pq
 import yaml
 
 from benchmarks.wmt14.scale import multi30k_pairs, write_corpus
-from lib.config import TokenizeConfig
-from lib.tokenizer import train_tokenizer
+from lib.core.config import TokenizeConfig
+from lib.data.tokenizer import train_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 WMT14_PAIRS = 4_508_785
-BATCH_ROWS = 100_000  # lib.tokenizer.write_splits' batch
+BATCH_ROWS = 100_000  # lib.data.tokenizer.write_splits' batch
 
 
 def cpu_seconds() -> float:

@@ -2,7 +2,7 @@
 
 A task module defines KIND ("seq2seq" or "lm"); where its data comes from
 elsewhere, a frozen ``FetchConfig`` and ``fetch(cfg, out_dir)`` putting the
-source files there and returning their names (lib.sources); a frozen
+source files there and returning their names (lib.data.sources); a frozen
 ``PrepareConfig`` and ``prepare(cfg, out_dir, source_dir)`` writing its splits, ``tokenizer_texts(cfg,
 data_dir, side)`` giving the training text a tokenizer learns from (side:
 source, target or both), ``HEADLINE`` (the metrics its card in reports/index.html
@@ -18,11 +18,8 @@ sequence; or by ``breakdown(sources, hypotheses, references)``, the table of
 the greedy test outputs (multi30k: BLEU by source length)."""
 
 import importlib
-from pathlib import Path
 
-from lib.files import atomic_dir
-from lib.config import ConfigError
-from lib.sources import write_manifest
+from lib.core.config import ConfigError
 from lib.tasks import translation  # noqa: F401 (the translation tasks' scores, loaded with every task alike)
 
 TASKS = ("cumsum", "multi30k", "shakespeare", "wmt14")
@@ -36,22 +33,6 @@ def check_task_name(name: str):
 def get_task(name: str):
     check_task_name(name)
     return importlib.import_module(f"lib.tasks.{name}")
-
-
-def run_fetch(task: str, cfg, out_dir: str | Path):
-    """The task's source files and their manifest into a fresh directory, replacing ``out_dir`` only when all
-    are in: a failed or cut download leaves the last whole one, or nothing."""
-    module = get_task(task)
-    with atomic_dir(out_dir) as tmp:
-        files = module.fetch(cfg, tmp) if hasattr(module, "fetch") else []
-        write_manifest(tmp, getattr(cfg, "source", "none: the prepare stage makes the data"), files)
-
-
-def run_prepare(task: str, cfg, out_dir: str | Path, source_dir: str | Path | None = None):
-    """Write the task's data, from the files fetch put in ``source_dir``, into a fresh directory, replacing
-    ``out_dir`` only when complete."""
-    with atomic_dir(out_dir) as tmp:
-        get_task(task).prepare(cfg, tmp, None if source_dir is None else Path(source_dir))
 
 
 def evaluated_splits(task: str) -> tuple[str, ...]:

@@ -18,9 +18,9 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from lib.files import check_readable
-from lib.config import ConfigError, check_seed, require
-from lib.data import read_split
+from lib.core.files import check_readable
+from lib.core.config import ConfigError, check_seed, require
+from lib.data.pairs import read_split
 
 KIND = "seq2seq"
 HEADLINE = ("greedy.exact_match", "greedy.token_accuracy", "exact_up_to_length")  # its card in reports/index.html

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from lib.config import ConfigError, require, utf8_lines
-from lib.data import read_split, split_path
-from lib.sources import download, is_url, offline_fix, read_manifest
+from lib.core.config import ConfigError, require, utf8_lines
+from lib.data.pairs import read_split, split_path
+from lib.data.sources import download, is_url, offline_fix, read_manifest
 from lib.tasks.translation import LENGTH_GROUPS, breakdown, length_group, score, sentence_score  # noqa: F401
 
 KIND = "seq2seq"

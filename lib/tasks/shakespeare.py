@@ -10,9 +10,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from lib.config import ConfigError, require, utf8_text
-from lib.data import read_text, text_path
-from lib.sources import download, is_url, sha256
+from lib.core.config import ConfigError, require, utf8_text
+from lib.data.pairs import read_text, text_path
+from lib.data.sources import download, is_url, sha256
 
 KIND = "lm"
 HEADLINE = ("loss", "bits_per_char")  # its card in reports/index.html

@@ -19,16 +19,16 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from lib.config import ConfigError, require
-from lib.data import split_path
-from lib.sources import offline_fix, read_manifest
+from lib.core.config import ConfigError, require
+from lib.data.pairs import split_path
+from lib.data.sources import offline_fix, read_manifest
 from lib.tasks import translation
 from lib.tasks.translation import breakdown, sentence_score  # noqa: F401 (the task's scores)
 
 KIND = "seq2seq"
 HEADLINE = ("greedy.bleu", "beam*.bleu", "beam*.tokenized_bleu", "valid_perplexity")  # its card in reports/index.html
 VALID_SCORE = "bleu"  # of score(): logged after each epoch (train.valid_score)
-TOKEN_STORE = True  # tokenize writes the splits' ids once (lib.token_store), and train maps them
+TOKEN_STORE = True  # tokenize writes the splits' ids once (lib.data.token_store), and train maps them
 LANGUAGES = ("en", "de")
 HUB_SPLITS = {"train": "train", "valid": "validation", "test": "test"}  # our split name -> the hub's
 BATCH_ROWS = 100_000  # rows read, cleaned and written at a time: the corpus is never whole in memory

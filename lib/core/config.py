@@ -1,0 +1,343 @@
+"""Typed, frozen configuration built from params.yaml; all validation lives here.
+
+params.yaml holds ``tasks`` (the tasks to build) and one section per task with
+one sub-section per stage: ``<task>.fetch``, ``.prepare``, ``.tokenize``, ``.train`` (with
+its ``model``), ``.evaluate`` and ``.report``. Each sub-section becomes one
+frozen dataclass below (``fetch`` and ``prepare`` are task-specific and live
+beside their task). A misspelt, missing or ill-typed key, or an invalid value, raises
+ConfigError naming the dotted key before any work starts.
+"""
+
+import dataclasses
+import math
+import types
+import typing
+from pathlib import Path
+
+from transformer.config import ConfigError, ModelConfig, choose, require  # noqa: F401 (the model's own section)
+
+
+def _check_type(value, kind, key: str):
+    """Return value as type kind (or as the first type of a union that fits), or raise ConfigError naming key."""
+    if isinstance(kind, types.UnionType):
+        for member in kind.__args__:
+            try:
+                return _check_type(value, member, key)
+            except ConfigError:
+                pass
+        raise ConfigError(f"{key}: expected {' or '.join(m.__name__ for m in kind.__args__)}, got {value!r}")
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if kind in (int, float) and isinstance(value, bool) or not isinstance(value, kind):
+        hint = ""
+        if kind is bool and str(value).lower() in ("yes", "no", "on", "off", "y", "n"):
+            hint = " (write true or false: YAML 1.2, as DVC reads params.yaml, takes yes, no, on and off as words)"
+        raise ConfigError(f"{key}: expected {kind.__name__}, got {value!r}{hint}")
+    return value
+
+
+def from_dict(cls, raw, key: str):
+    """Build dataclass ``cls`` from the mapping ``raw`` found at dotted ``key``.
+
+    Nested dataclass fields are built recursively; a field with a default may
+    be left out (it is one that only some settings use). Unknown and missing keys,
+    wrong types and values rejected by ``__post_init__`` raise ConfigError.
+    """
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{key}: expected a mapping, got {raw!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(raw) - set(names))
+    if unknown:
+        raise ConfigError(f"{key}.{unknown[0]}: unknown key (allowed: {', '.join(names)})")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    optional = {n for n, f in fields.items() if f.default is not dataclasses.MISSING}
+    missing = [n for n in names if n not in raw and n not in optional]
+    if missing:
+        raise ConfigError(f"{key}.{missing[0]}: missing key")
+    values = {}
+    for name in (n for n in names if n in raw):
+        kind, sub = hints[name], f"{key}.{name}"
+        if dataclasses.is_dataclass(kind):
+            values[name] = from_dict(kind, raw[name], sub)
+        elif isinstance(kind, types.GenericAlias):  # tuple[int, ...] and the like
+            items = raw[name]
+            if not isinstance(items, list):
+                raise ConfigError(f"{sub}: expected a list, got {items!r}")
+            values[name] = tuple(_check_type(v, kind.__args__[0], sub) for v in items)
+        else:
+            values[name] = _check_type(raw[name], kind, sub)
+        if isinstance(values[name], float) and not math.isfinite(values[name]):  # YAML's .inf and .nan
+            raise ConfigError(f"{sub}: expected a finite number, got {values[name]}")
+    try:
+        return cls(**values)
+    except ConfigError as err:
+        raise ConfigError(f"{key}.{err}") from None
+
+
+def flatten(nested: dict, prefix: str = "") -> dict:
+    """{"model": {"d_model": 8}} -> {"model.d_model": 8}"""
+    flat = {}
+    for key, value in nested.items():
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def check_seed(seed: int):
+    """A seed above 32 bits would be read as its low 32 bits by the CPU's generator (a Mersenne twister),
+    the same stream as a smaller seed's."""
+    require(0 <= seed < 2**32, "seed", f"{seed} is not in [0, 2**32)")
+
+
+def check_peak(peak_tflops: float | str):
+    require(peak_tflops == "measure" or isinstance(peak_tflops, float) and peak_tflops >= 0, "peak_tflops",
+            f"{peak_tflops!r} is neither a number >= 0 nor 'measure'")
+
+
+# bf16 pays off where the CPU multiplies bfloat16 natively (AMX, AVX512-BF16) and on GPUs; auto picks it
+# there, and fp32 elsewhere (training.resolve_precision).
+PRECISIONS = ("fp32", "bf16", "auto")
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizeConfig:
+    kind: str  # word (whitespace-separated words), char (every character) or bpe (byte-pair merges)
+    min_frequency: int  # drop words, characters or merges seen fewer times in the training split
+    vocab_size: int = 0  # bpe only: the vocabulary's size, special tokens included
+    joint: bool = True  # parallel tasks: one vocabulary for both languages; False: one per side
+    split_punctuation: bool = False  # bpe only: punctuation is its own piece ("▁dog" "."), never merged into a word
+    source_eos: bool = False  # parallel tasks: every source ends in <eos>, marking for the decoder where it ends
+
+    def __post_init__(self):
+        choose(self.kind, "kind", ("word", "char", "bpe"))
+        require(self.min_frequency >= 1, "min_frequency", "must be >= 1")
+        if self.kind == "bpe":
+            require(self.vocab_size > 4, "vocab_size", "bpe needs a vocab_size above the 4 special tokens")
+        else:  # a word or char vocabulary holds every symbol seen min_frequency times: no size to set
+            require(self.vocab_size == 0, "vocab_size", f"applies to kind: bpe only, not {self.kind}")
+            require(not self.split_punctuation, "split_punctuation", f"applies to kind: bpe only, not {self.kind}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    seed: int  # seeds weights, dropout and batch order
+    device: str  # auto (CUDA when present), cpu or cuda
+    epochs: int  # passes over the training split, at most
+    max_tokens: int  # token budget of a batch: sentences x longest padded side
+    lr_factor: float  # Noam factor
+    warmup: int  # Noam warmup steps: the learning rate peaks here
+    label_smoothing: float  # mass spread over the non-gold, non-pad vocabulary
+    clip_norm: float  # gradient-norm clipping threshold
+    checkpoint_every: int  # steps between resumable checkpoints
+    model: ModelConfig
+    precision: str = "fp32"  # fp32; bf16 (autocast: matmuls in bfloat16, weights and loss in float32); or auto:
+    # bf16 on a GPU or a CPU that multiplies bfloat16 natively (AVX512-BF16, AMX), fp32 elsewhere
+    max_steps: int = 0  # stop at this many optimizer steps, mid-epoch if need be (the paper's unit, sec. 5.3);
+    # 0 = none. Raising it continues a stopped run
+    time_budget_minutes: float = 0.0  # stop after the epoch that passes this much training time; 0 = none
+    patience: int = 0  # stop after this many epochs without a better validation loss; 0 = never
+    average_last: int = 1  # model.pt: the average of the last k epochs' weights, when it validates better
+    average_every: int = 0  # N > 0: average instead the last k weights saved every N steps (the paper's
+    # checkpoints every 10 minutes, sec. 6.1: an epoch of a large corpus is too long a unit)
+    too_long: str = "fail"  # a train or valid pair longer than model.max_len: fail (naming the key) or skip (counted
+    # in the log). The splits evaluate decodes (test, cumsum's length study) must fit whole: train checks them first
+    accumulate: int = 1  # batches whose gradients add up to one optimizer step (gradient accumulation): the
+    # update of a batch k times the size, in the memory of one; epochs then have 1/k the steps
+    peak_tflops: float | str = 0.0  # the hardware's peak TFLOP/s, for model FLOPs utilisation (train/mfu):
+    # a datasheet figure, "measure" (square matmuls in train.precision, timed when training starts), or 0: none
+    compile: bool = False  # torch.compile the training step's model and loss: fused element-wise kernels on a GPU
+    # (a minute or two of compiling when training starts); on a CPU it is slower than eager
+    fast: bool = True  # true: train with transformer.fast's modules and fused loss; false: the reference forms
+    valid_score: bool = True  # after each epoch, the task's score of the greedy valid outputs (cumsum: exact
+    # match; multi30k: BLEU), logged as valid/<score>; false: skip its decoding time
+
+    def __post_init__(self):
+        check_seed(self.seed)
+        choose(self.device, "device", ("auto", "cpu", "cuda"))
+        choose(self.precision, "precision", PRECISIONS)
+        choose(self.too_long, "too_long", ("fail", "skip"))
+        for name in ("epochs", "max_tokens", "warmup", "checkpoint_every", "average_last", "accumulate"):
+            require(getattr(self, name) > 0, name, "must be > 0")
+        require(self.max_steps >= 0, "max_steps", "must be >= 0 (0: no bound but train.epochs)")
+        require(self.time_budget_minutes >= 0, "time_budget_minutes", "must be >= 0")
+        require(self.patience >= 0, "patience", "must be >= 0")
+        require(self.average_every >= 0, "average_every", "must be >= 0 (0: average by epochs)")
+        check_peak(self.peak_tflops)
+        require(self.lr_factor > 0, "lr_factor", "must be > 0")
+        require(self.clip_norm > 0, "clip_norm", "must be > 0")
+        require(0.0 <= self.label_smoothing < 1.0, "label_smoothing", "must be in [0, 1)")
+
+
+@dataclasses.dataclass(frozen=True)
+class LMTrainConfig:
+    seed: int  # seeds weights, dropout and the blocks drawn
+    device: str  # auto (CUDA when present), cpu or cuda
+    max_iters: int  # optimizer steps
+    batch_size: int  # blocks per step
+    block_size: int  # tokens of context per block (at most model.max_len)
+    schedule: str  # cosine (linear warmup, then cosine decay to min_lr) or noam
+    lr: float  # peak learning rate, reached at the end of warmup (both schedules)
+    min_lr: float  # cosine: the rate at max_iters
+    warmup: int  # steps of linear warmup
+    weight_decay: float  # AdamW decay of weight matrices (never biases, LayerNorm or embeddings)
+    beta2: float  # AdamW's second-moment decay
+    clip_norm: float  # gradient-norm clipping threshold
+    eval_every: int  # steps between estimates of train and validation loss
+    eval_batches: int  # fixed batches each estimate averages over
+    checkpoint_every: int  # steps between resumable checkpoints
+    model: ModelConfig
+    precision: str = "fp32"  # fp32; bf16 (autocast: matmuls in bfloat16, weights and loss in float32); or auto:
+    # bf16 on a GPU or a CPU that multiplies bfloat16 natively (AVX512-BF16, AMX), fp32 elsewhere
+    peak_tflops: float | str = 0.0  # the hardware's peak TFLOP/s, for model FLOPs utilisation (train/mfu):
+    # a datasheet figure, "measure" (square matmuls in train.precision, timed when training starts), or 0: none
+    compile: bool = False  # torch.compile the training forward pass: fused element-wise kernels on a GPU
+    # (a minute or two of compiling when training starts); on a CPU it is slower than eager
+    fast: bool = True  # true: train with transformer.fast's modules; false: the reference forms
+    accumulate: int = 1  # batches of batch_size blocks whose gradients add up to one optimizer step (gradient
+    # accumulation): the update of k * batch_size blocks in the memory of batch_size
+
+    def __post_init__(self):
+        check_seed(self.seed)
+        choose(self.device, "device", ("auto", "cpu", "cuda"))
+        choose(self.precision, "precision", PRECISIONS)
+        choose(self.schedule, "schedule", ("cosine", "noam"))
+        for name in ("max_iters", "batch_size", "block_size", "warmup", "eval_every", "eval_batches",
+                     "checkpoint_every", "accumulate"):
+            require(getattr(self, name) > 0, name, "must be > 0")
+        require(self.lr > 0, "lr", "must be > 0")
+        require(0 <= self.min_lr <= self.lr, "min_lr", "must be in [0, lr]")
+        require(self.weight_decay >= 0, "weight_decay", "must be >= 0")
+        require(0 < self.beta2 < 1, "beta2", "must be in (0, 1)")
+        check_peak(self.peak_tflops)
+        require(self.clip_norm > 0, "clip_norm", "must be > 0")
+        require(self.block_size <= self.model.max_len, "block_size", f"exceeds model.max_len {self.model.max_len}")
+
+
+@dataclasses.dataclass(frozen=True)
+class LMEvaluateConfig:
+    prompts: tuple[str, ...]  # each starts one sample
+    max_new_tokens: int  # tokens sampled after each prompt
+    temperature: float  # divides the logits: < 1 sharper, > 1 flatter
+    top_k: int  # sample among the k likeliest tokens; 0 = all
+    seed: int  # same seed, same samples
+    top_p: float = 1.0  # sample among the likeliest tokens whose probabilities reach p (nucleus); 1 = all
+
+    def __post_init__(self):
+        check_seed(self.seed)
+        require(len(self.prompts) > 0, "prompts", "needs at least one prompt")
+        require(all(self.prompts), "prompts", "an empty prompt leaves the model nothing to continue")
+        require(self.max_new_tokens > 0, "max_new_tokens", "must be > 0")
+        require(self.temperature > 0, "temperature", "must be > 0")
+        require(self.top_k >= 0, "top_k", "must be >= 0")
+        require(0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
+
+
+@dataclasses.dataclass(frozen=True)
+class EvaluateConfig:
+    max_tokens: int  # token budget of a batch, for the loss and for decoding
+    max_extra_tokens: int  # a hypothesis has at most source length + this many tokens (eos included)
+    n_samples: int  # the report's example tables: the first n test examples and the worst n
+    beam_size: int = 1  # > 1: also decode with beam search of this width (1: greedy only)
+    alpha: float = 0.6  # beam search's length penalty ((5 + length) / 6) ** alpha; 0 = none
+
+    def __post_init__(self):
+        require(self.max_tokens > 0, "max_tokens", "must be > 0")
+        require(self.max_extra_tokens >= 0, "max_extra_tokens", "must be >= 0")
+        require(self.n_samples > 0, "n_samples", "must be > 0")
+        require(self.beam_size >= 1, "beam_size", "must be >= 1 (1: greedy search only)")
+        require(self.alpha >= 0, "alpha", "must be >= 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class ReportConfig:
+    n_attention_examples: int  # test examples drawn as attention heatmaps
+
+    def __post_init__(self):
+        require(self.n_attention_examples > 0, "n_attention_examples", "must be > 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class LMReportConfig:
+    passage_tokens: int  # length of the validation passage drawn as self-attention heatmaps (<= train.block_size)
+
+    def __post_init__(self):
+        require(self.passage_tokens > 1, "passage_tokens", "must be > 1")
+
+
+# The stages in the order dvc.yaml runs them, each reading what the one before wrote.
+STAGES = ("fetch", "prepare", "tokenize", "train", "evaluate", "report")
+
+# The config class of each stage, by the task's kind (seq2seq or lm).
+STAGE_CONFIGS = {
+    "tokenize": {"seq2seq": TokenizeConfig, "lm": TokenizeConfig},
+    "train": {"seq2seq": TrainConfig, "lm": LMTrainConfig},
+    "evaluate": {"seq2seq": EvaluateConfig, "lm": LMEvaluateConfig},
+    "report": {"seq2seq": ReportConfig, "lm": LMReportConfig},
+}
+
+# By the task's kind, the train param that sets the learning rate, and the one that sets how long it trains:
+# what a message about a run's rate or length names.
+LR_PARAM = {"seq2seq": "train.lr_factor", "lm": "train.lr"}
+LENGTH_PARAM = {"seq2seq": "train.epochs or train.max_steps", "lm": "train.max_iters"}
+
+
+def utf8_text(raw: bytes, name: str | Path, first_line: int = 1) -> str:
+    """``raw`` decoded as UTF-8; bytes that are not are named by line (``raw`` starting at line
+    ``first_line`` of ``name``), and by byte within that line. The byte-order mark some editors start a
+    file with (Notepad's "UTF-8 with BOM") is dropped: kept, it would be read as part of the first word."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line, line_start = raw.count(b"\n", 0, err.start) + first_line, raw.rfind(b"\n", 0, err.start) + 1
+        raise ValueError(f"{name}: line {line}: not UTF-8 (byte {err.start - line_start})") from None
+    return text.removeprefix("\ufeff") if first_line == 1 else text
+
+
+def utf8_lines(raw: bytes, name: str | Path) -> list[str]:
+    """``raw``'s lines (utf8_text), each ended by "\\n" or "\\r\\n" and by nothing else: str.splitlines also
+    breaks at a form feed, U+2028 or U+0085 within a line."""
+    lines = utf8_text(raw, name).split("\n")
+    if lines[-1] == "":
+        lines.pop()  # what follows the last line's newline
+    return [line.removesuffix("\r") for line in lines]
+
+
+def parse_yaml(text: str, source: str):
+    """``text`` read as DVC reads params.yaml and ``-S`` values: YAML 1.2 (ruamel), where PyYAML's YAML 1.1
+    read ``3e-4`` and ``0o10`` as text, ``1:30`` as 90, ``yes``/``off`` as booleans and ``010`` as 8, and
+    let a key given twice in a mapping quietly take its last value. Anything that is not valid YAML is a
+    ConfigError naming ``source`` and, where YAML marks one, the line and column."""
+    from ruamel.yaml import YAML, YAMLError  # dvc's own reader, installed with it
+
+    try:
+        return YAML(typ="safe").load(text)  # the call dvc makes
+    except YAMLError as err:  # a stage run by hand reads the file before dvc has parsed it
+        def place(mark):
+            return f"line {mark.line + 1}, column {mark.column + 1}"
+
+        where, context = getattr(err, "problem_mark", None), getattr(err, "context_mark", None)
+        message = f"{source}: not valid YAML" + (f" at {place(where)}" if where else "")
+        message += f": {getattr(err, 'problem', None) or err}"
+        if context:  # where the construct that is left open began
+            message += f" ({err.context} from {place(context)})"
+        raise ConfigError(message) from None
+    except ValueError as err:  # YAML's constructors: "seed: 2026-13-45" is read as a date, "!!int x" as a number
+        raise ConfigError(f"{source}: not valid YAML: {err} (a date or a tagged value written wrongly)") from None
+
+
+def load_params(path: str | Path = "params.yaml") -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: " + ("a directory, where the params file is read" if path.is_dir() else
+                                         "params file not found"))
+    try:
+        text = utf8_text(path.read_bytes(), path)
+    except ValueError as err:  # not UTF-8, named by line
+        raise ConfigError(str(err)) from None
+    params = parse_yaml(text, str(path))
+    if not isinstance(params, dict):
+        raise ConfigError(f"{path}: expected a mapping of params")
+    return params

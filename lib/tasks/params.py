@@ -1,0 +1,64 @@
+"""A stage's params: its section of params.yaml as its frozen config (lib.core.config), by the task's kind, and
+the sections of the stages after it checked before it starts."""
+
+from lib.core.config import STAGE_CONFIGS, STAGES, ConfigError, from_dict, require
+from transformer.config import largest_alpha
+from lib.data.sources import NothingToFetch
+from lib.tasks import check_task_name, get_task
+
+
+def stage_config(params: dict, task: str, stage: str):
+    """The frozen config of ``stage`` for ``task``, validated."""
+    get_task(task)  # an unknown task name fails first
+    tasks = check_tasks(params)
+    if task not in tasks:
+        raise ConfigError(f"tasks: {task!r} is not listed in tasks ({tasks!r})")
+    section = params.get(task)
+    if not isinstance(section, dict) or stage not in section:
+        raise ConfigError(f"{task}.{stage}: missing section")
+    module = get_task(task)
+    if stage == "fetch":
+        cls = getattr(module, "FetchConfig", NothingToFetch)
+    else:
+        cls = module.PrepareConfig if stage == "prepare" else STAGE_CONFIGS[stage][module.KIND]
+    return from_dict(cls, section[stage], f"{task}.{stage}")
+
+
+def check_tasks(params: dict) -> list[str]:
+    """params.yaml's ``tasks``: a list of known task names, at least one, each once. A misspelt name would stop
+    `dvc repro` at its stages' missing params: said here, by the first stage that runs."""
+    tasks = params.get("tasks")
+    if not isinstance(tasks, list):
+        raise ConfigError(f"tasks: expected a list of task names (tasks: [cumsum]), got {tasks!r}")
+    if not tasks:
+        raise ConfigError("tasks: empty, so `dvc repro` builds nothing; list a task or more (tasks: [cumsum])")
+    for name in tasks:
+        check_task_name(name)
+    if len(set(tasks)) < len(tasks):
+        raise ConfigError(f"tasks: {tasks!r} names a task twice")
+    return tasks
+
+
+def check_stages_after(params: dict, task: str, stage: str):
+    """The params of the stages after ``stage``, validated as each will validate its own, and what they ask of
+    the model that train builds: so that a mistake in them is named before ``stage``'s work is done (a multi30k
+    training of tens of minutes, then an evaluate section that fails). The stages before ``stage`` have run,
+    or their outputs came from elsewhere (``dvc pull``): their params, and a local source that fetch read, are
+    not asked for."""
+    try:
+        # From ``stage`` on: its own section the stage has checked already, but train's is read below
+        cfgs = {name: stage_config(params, task, name) for name in STAGES[STAGES.index(stage):]}
+        train, evaluate, report = (cfgs.get(name) for name in ("train", "evaluate", "report"))
+        kind = get_task(task).KIND
+        if train and evaluate and kind == "seq2seq" and evaluate.beam_size > 1:  # greedy: no alpha
+            longest, most = train.model.max_len, largest_alpha(train.model.max_len)
+            require(evaluate.alpha <= most, f"{task}.evaluate.alpha",
+                    f"{evaluate.alpha}: the length penalty ((5 + length) / 6) ** alpha overflows float32 at "
+                    f"{task}.train.model.max_len {longest} for an alpha above {most:.1f} (GNMT's: 0.6 to 1)")
+        if train and report and kind == "lm":
+            require(report.passage_tokens <= train.block_size, f"{task}.report.passage_tokens",
+                    f"{report.passage_tokens} is longer than the blocks the model trains on "
+                    f"({task}.train.block_size {train.block_size})")
+    except ConfigError as err:
+        raise ConfigError(f"{err} (found before {stage} starts: each stage checks the params of those after it)"
+                          ) from None

@@ -1,0 +1,1 @@
+"""The train stage: the seq2seq and LM loops, run bookkeeping (checkpoints, curves, the run's identity)."""
