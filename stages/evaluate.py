@@ -4,12 +4,12 @@ from lib.stage.cli import FILE, stage_main
 from lib.evaluate.evaluation import run
 
 READS = ["data", "tokenizer", "model"]  # the paths the stage reads, as --options
-WRITES = {"metrics": FILE, "samples": FILE, "lengths": FILE}  # and those it writes
+WRITES = {"metrics": FILE, "samples": FILE, "lengths": FILE, "generation": FILE}  # and those it writes
 
 
 def main(argv=None):
     stage_main("evaluate", READS, WRITES, lambda task, cfg, a: run(
-        task, cfg, a.data, a.tokenizer, a.model, a.metrics, a.samples, a.lengths), argv)
+        task, cfg, a.data, a.tokenizer, a.model, a.metrics, a.samples, a.lengths, a.generation), argv)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from lib.tasks import get_task
 
 def write_index(params: dict, out: str):
     tasks = check_tasks(params)
-    descriptions = {task: get_task(task).__doc__.strip().splitlines()[0] for task in tasks}
+    descriptions = {task: get_task(task).description for task in tasks}
     with atomic_path(out) as tmp:
         tmp.write_text(index_html(tasks, descriptions))
 

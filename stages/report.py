@@ -3,7 +3,7 @@ with an interactive attention view; card.html, the headline reports/index.html s
 valid_score.csv, the loss and validation-score plots."""
 
 from lib.stage.cli import DIRECTORY, FILE, stage_main
-from lib.report.reporting import run
+from lib.report.reporting import ReportPaths, run
 
 READS = ["data", "tokenizer", "model", "metrics", "samples", "lengths", "live"]  # the paths read, as --options
 WRITES = {"out": FILE, "page": FILE, "card": FILE, "figures": DIRECTORY, "losses": FILE, "scores": FILE}  # and those it writes
@@ -11,8 +11,7 @@ WRITES = {"out": FILE, "page": FILE, "card": FILE, "figures": DIRECTORY, "losses
 
 def main(argv=None):
     stage_main("report", READS, WRITES, lambda task, cfg, a: run(
-        task, cfg, a.data, a.tokenizer, a.model, a.metrics, a.samples, a.lengths, a.live, a.out, a.figures,
-        a.losses, a.page, a.card, a.scores), argv)
+        task, cfg, ReportPaths(**{name: getattr(a, name) for name in (*READS, *WRITES)})), argv)
 
 
 if __name__ == "__main__":

@@ -39,16 +39,17 @@ def run_tree(command: list[str], timeout: float, **kwargs) -> subprocess.Complet
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
-def check_rerunnable(outputs: dict[tuple[str, str], Path]):
-    """Each directory a stage wrote (by stage and --option) holds only what lib.stage.cli.HOLDS says it writes
+def check_rerunnable(outputs: dict[tuple[str, str], Path], task: str = "cumsum"):
+    """Each directory a stage wrote (by stage and --option) holds only what lib.stage.cli.holds says it writes
     there, so that running the stage again over it is not refused (and the check is not vacuous: each holds
     something)."""
     from lib.core.files import check_replaceable
-    from lib.stage.cli import HOLDS
+    from lib.stage.cli import holds
+    from lib.tasks import get_task
 
     for (stage, option), path in outputs.items():
         assert any(path.iterdir()), path
-        check_replaceable(path, HOLDS[stage, option], f"--{option}", stage)
+        check_replaceable(path, holds(get_task(task), stage, option), f"--{option}", stage)
 
 
 def fetch_and_prepare(task: str, fetch_cfg, prepare_cfg, out: Path) -> Path:

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lib.core.config import ConfigError, load_params
+from lib.core.config import ConfigError
+from lib.core.text import load_params
 from lib.tasks.params import check_stages_after, stage_config
 from tests.conftest import ROOT, run_stage
 
@@ -131,7 +132,7 @@ def test_stage_command_fails_cleanly_and_writes_nothing(tmp_path, capsys, tiny_p
             "train": ["--data", "data", "--tokenizer", "tok", "--model", "model.pt",
                       "--checkpoints", "ckpt", "--live", "live"],
             "evaluate": ["--data", "data", "--tokenizer", "tok", "--model", "model.pt", "--metrics", "m.json",
-                         "--samples", "s.jsonl", "--lengths", "l.csv"]}[stage]
+                         "--samples", "s.jsonl", "--lengths", "l.csv", "--generation", "g.json"]}[stage]
     outs = [str(tmp_path / o) if not o.startswith("--") else o for o in outs]
     assert run_stage(stage, ["cumsum", *outs, "--params", str(params)]) == 2
     assert message in capsys.readouterr().err
@@ -160,15 +161,17 @@ CHANGED = " stage wrote; writing there would replace or change it (name a path o
     ("tokenize", {"data": "data", "out": "data"}, "--out data: is --data data" + LOST),
     ("tokenize", {"data": "data", "out": "."}, "--out .: holds --data data" + LOST),
     ("evaluate", {"data": "data", "tokenizer": "tok", "model": "model.pt", "metrics": "out.json",
-                  "samples": "out.json", "lengths": "l.csv"}, "--metrics out.json: is --samples out.json" + LOST),
+                  "samples": "out.json", "lengths": "l.csv", "generation": "g.json"}, "--metrics out.json: is --samples out.json" + LOST),
     ("evaluate", {"data": "data", "tokenizer": "tok", "model": "model.pt", "metrics": "params.yaml",
-                  "samples": "samples.jsonl", "lengths": "l.csv"}, "--metrics params.yaml: is --params params.yaml" + LOST),
+                  "samples": "samples.jsonl", "lengths": "l.csv", "generation": "g.json"},
+     "--metrics params.yaml: is --params params.yaml" + LOST),
     ("train", {"data": "data", "tokenizer": "tok", "model": "ckpt/model.pt", "checkpoints": "ckpt", "live": "live"},
      "--checkpoints ckpt: holds --model ckpt/model.pt" + LOST),
     ("train", {"data": "data", "tokenizer": "tok", "model": "model.pt", "checkpoints": "ckpt", "live": "link"},
      "--live link: is --data data" + LOST),
     ("evaluate", {"data": "data", "tokenizer": "tok", "model": "model.pt", "metrics": "metrics.json",
-                  "samples": "data/test.parquet", "lengths": "l.csv"}, "--samples data/test.parquet: is in --data data, which the prepare"
+                  "samples": "data/test.parquet", "lengths": "l.csv", "generation": "g.json"},
+     "--samples data/test.parquet: is in --data data, which the prepare"
      + CHANGED),
     ("tokenize", {"data": "data", "out": "link/tok"}, "--out link/tok: is in --data data, which the prepare" + CHANGED),
     ("report", {"data": "data", "tokenizer": "tok", "model": "model.pt", "metrics": "metrics.json",
@@ -277,7 +280,7 @@ def test_reading_params_imports_neither_torch_nor_pandas():
     """A tool that only reads or edits params.yaml, as gpu_check.sh does twice, reads it as the stages do
     without the 3 s that importing torch takes."""
     code = ("import json, sys; "
-            "from lib.core.config import load_params; load_params('params.yaml'); print(json.dumps([*sys.modules]))")
+            "from lib.core.text import load_params; load_params('params.yaml'); print(json.dumps([*sys.modules]))")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert {"torch", "pandas"} & set(json.loads(result.stdout)) == set()

@@ -8,6 +8,8 @@ import torch
 
 from lib.core.config import from_dict
 from lib.data.pairs import Pairs, collate, token_budget_batches
+from lib.evaluate import by_length
+from lib.report.length_study import breaking_length
 from lib.tasks import cumsum
 from lib.tasks.stages import run_prepare
 from lib.data.tokenizer import SpecialIds
@@ -74,7 +76,7 @@ def running_sums(src: str, modulus: int) -> list[int]:
 
 
 def test_cumsum_score():
-    scores = cumsum.score(["1 3 6", "2 5", "4"], ["1 3 6", "2 4", "4 9"])
+    scores = cumsum.Cumsum().score(["1 3 6", "2 5", "4"], ["1 3 6", "2 4", "4 9"])
     assert scores["exact_match"] == 1 / 3
     assert scores["token_accuracy"] == 5 / 7
 
@@ -84,20 +86,20 @@ def test_exact_match_by_length_is_by_digits_shortest_first():
     references = [" ".join(str(k + 1) for k in range(n)) for n in (12, 1, 2, 2, 10)]
     hypotheses = list(references)
     hypotheses[2] = "1"  # one of the two length-2 sequences stops early
-    shares = cumsum.exact_match_by_length(sources, hypotheses, references)
+    shares = by_length.exact_match_by_length(sources, hypotheses, references)
     assert shares == {1: 1.0, 2: 0.5, 10: 1.0, 12: 1.0} and list(shares) == [1, 2, 10, 12]
 
 
 def test_breaking_length_is_where_most_fail_else_the_first_error():
-    assert cumsum.breaking_length({"01": 1.0, "02": 0.98, "03": 0.6, "04": 0.4, "05": 0.0}) == 4
-    assert cumsum.breaking_length({"01": 0.0, "02": 1.0, "10": 0.1}) == 1  # short sources can be the ones
-    assert cumsum.breaking_length({"1": 1.0, "2": 0.98, "10": 0.99, "11": 0.5}) == 2  # none below half
-    assert cumsum.breaking_length({"01": 1.0, "12": 1.0}) is None
+    assert breaking_length({"01": 1.0, "02": 0.98, "03": 0.6, "04": 0.4, "05": 0.0}) == 4
+    assert breaking_length({"01": 0.0, "02": 1.0, "10": 0.1}) == 1  # short sources can be the ones
+    assert breaking_length({"1": 1.0, "2": 0.98, "10": 0.99, "11": 0.5}) == 2  # none below half
+    assert breaking_length({"01": 1.0, "12": 1.0}) is None
 
 
 def test_exact_up_to_is_the_last_length_before_most_fail_from_the_shortest_trained():
-    assert cumsum.exact_up_to({"01": 1.0, "02": 0.98, "03": 0.6, "04": 0.4, "05": 0.9}, 1) == 3  # not again at 5
-    assert cumsum.exact_up_to({"1": 1.0, "2": 0.5, "10": 0.99, "11": 0.49}, 1) == 10  # in number order; half holds
-    assert cumsum.exact_up_to({"01": 0.0, "02": 1.0, "03": 1.0, "04": 0.1}, 2) == 3  # shorter than trained: no say
-    assert cumsum.exact_up_to({"01": 1.0, "02": 0.2, "03": 1.0}, 2) == 0  # the shortest trained fails
-    assert cumsum.exact_up_to({"01": 1.0, "24": 1.0}, 1) == 24
+    assert by_length.exact_up_to({"01": 1.0, "02": 0.98, "03": 0.6, "04": 0.4, "05": 0.9}, 1) == 3  # not again at 5
+    assert by_length.exact_up_to({"1": 1.0, "2": 0.5, "10": 0.99, "11": 0.49}, 1) == 10  # in number order; half holds
+    assert by_length.exact_up_to({"01": 0.0, "02": 1.0, "03": 1.0, "04": 0.1}, 2) == 3  # shorter than trained: no say
+    assert by_length.exact_up_to({"01": 1.0, "02": 0.2, "03": 1.0}, 2) == 0  # the shortest trained fails
+    assert by_length.exact_up_to({"01": 1.0, "24": 1.0}, 1) == 24

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from lib.core.config import load_params
+from lib.core.text import load_params
 from transformer.config import ModelConfig
 from transformer.fast import speed_up
 from transformer.fast.attention import FastMultiHeadAttention, grouped_attention

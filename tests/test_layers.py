@@ -1,6 +1,7 @@
 """The layers of .importlinter hold: each folder imports only from the folders below it, so no import cycle
 can form, the model package imports nothing of the pipeline, and training imports nothing of what evaluates, reports or serves."""
 
+import ast
 import os
 import shutil
 import subprocess
@@ -44,3 +45,20 @@ def test_a_planted_cycle_or_an_upward_import_breaks_the_contract(tmp_path):
                    "transformer.attention -> lib.core.config", "transformer.greedy -> transformer.beam",
                    "tools.mutants -> benchmarks.throughput.same_results"):
         assert upward in done.stdout, upward
+
+
+LIMITS = {"file": 300, "function": 60, "class": 150}  # lines: what a reader takes in at once
+
+
+def test_no_file_function_or_class_of_the_pipeline_or_the_model_is_too_long_to_read():
+    too_long = []
+    for path in sorted([*(ROOT / "lib").rglob("*.py"), *(ROOT / "transformer").rglob("*.py")]):
+        text = path.read_text()
+        name = path.relative_to(ROOT)
+        if text.count("\n") > LIMITS["file"]:
+            too_long.append(f"{name}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text)):
+            kind = {ast.FunctionDef: "function", ast.AsyncFunctionDef: "function", ast.ClassDef: "class"}.get(type(node))
+            if kind and node.end_lineno - node.lineno + 1 > LIMITS[kind]:
+                too_long.append(f"{name}:{node.lineno} {kind} {node.name}: {node.end_lineno - node.lineno + 1} lines")
+    assert too_long == []

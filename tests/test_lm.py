@@ -15,16 +15,17 @@ import yaml
 
 from lib.model import device
 from lib.evaluate import evaluation
+from lib.report.reporting import ReportPaths
 from lib.report import reporting
 from lib.train import run
 from lib.data import tokenizer
 from lib.tasks.stages import run_tokenize
-from lib.train import training
-from lib.core.config import (ConfigError, LMEvaluateConfig, LMReportConfig, LMTrainConfig, TokenizeConfig, from_dict,
-                        load_params)
+from lib.train import lm as lm_loop, training
+from lib.core.config import ConfigError, LMEvaluateConfig, LMReportConfig, LMTrainConfig, TokenizeConfig, from_dict
+from lib.core.text import load_params
 from transformer.sampling import sample, top_k_filter
 from transformer.model import TransformerLM
-from lib.train.training import weight_decay_groups
+from lib.train.lm import weight_decay_groups
 from transformer.schedules import cosine_lr
 from lib.data.sources import sha256
 from lib.tasks import shakespeare
@@ -64,8 +65,10 @@ def lm_built(tmp_path_factory):
     eval_cfg = LMEvaluateConfig(prompts=("ROMEO:\n", "JU"), max_new_tokens=30, temperature=0.8, top_k=5, seed=0)
     p["metrics_dict"] = evaluation.run("shakespeare", eval_cfg, p["data"], p["tok"], p["model"], p["metrics"],
                                        p["samples"], p["lengths"])
-    reporting.run("shakespeare", LMReportConfig(passage_tokens=12), p["data"], p["tok"], p["model"], p["metrics"],
-                  p["samples"], p["lengths"], p["live"], p["report"], p["figures"], p["losses"])
+    reporting.run("shakespeare", LMReportConfig(passage_tokens=12), ReportPaths(
+                      data=p["data"], tokenizer=p["tok"], model=p["model"], metrics=p["metrics"],
+                      samples=p["samples"], lengths=p["lengths"], live=p["live"],
+                      out=p["report"], figures=p["figures"], losses=p["losses"]))
     return p
 
 
@@ -78,10 +81,10 @@ def models_dir(lm_built, tmp_path) -> Path:
 
 
 def test_every_directory_the_lms_stages_wrote_is_one_they_may_write_again(lm_built):
-    """The LM's data is text (train.txt, valid.txt), not parquet: what HOLDS lets prepare replace too."""
+    """The LM's data is text (train.txt, valid.txt), not parquet: what the task declares prepare writes."""
     check_rerunnable({("prepare", "out"): lm_built["data"], ("tokenize", "out"): lm_built["tok"],
                       ("train", "checkpoints"): lm_built["ckpt"], ("train", "live"): lm_built["live"],
-                      ("report", "figures"): lm_built["figures"]})
+                      ("report", "figures"): lm_built["figures"]}, "shakespeare")
 
 
 def test_divergence_names_the_lms_learning_rate_param(lm_built, tmp_path):
@@ -104,7 +107,7 @@ def test_a_gpu_out_of_memory_names_the_lms_batch_params(lm_built, tmp_path, monk
     def out_of_memory(*args, **kwargs):
         raise torch.OutOfMemoryError(OUT_OF_MEMORY)
 
-    monkeypatch.setattr(training, "lm_loss", out_of_memory)
+    monkeypatch.setattr(lm_loop, "lm_loss", out_of_memory)
     cfg = LMTrainConfig(seed=0, device="cpu", max_iters=10, batch_size=4, block_size=8, schedule="noam", lr=1e-3,
                         min_lr=0.0, warmup=1, weight_decay=0.0, beta2=0.99, clip_norm=1.0, eval_every=10,
                         eval_batches=1, checkpoint_every=10, accumulate=2,
@@ -221,7 +224,7 @@ def test_char_tokenizer_round_trips_spaces_and_newlines(lm_built):
 
 def test_blocks_are_contiguous_and_targets_shift_by_one():
     ids = torch.arange(100)
-    x, y = training.random_blocks(ids, 6, 10, torch.Generator().manual_seed(0))
+    x, y = lm_loop.random_blocks(ids, 6, 10, torch.Generator().manual_seed(0))
     assert x.shape == y.shape == (6, 10)
     assert torch.equal(x[:, 1:] - x[:, :-1], torch.ones(6, 9, dtype=torch.long))
     assert torch.equal(y, x + 1)
@@ -315,9 +318,11 @@ def test_prompts_and_passage_that_the_model_cannot_take_are_named(lm_built, tmp_
                                      "top_k": 0, "seed": 0}, "shakespeare.evaluate")
     report, figures = tmp_path / "report.md", tmp_path / "figures"
     with pytest.raises(ConfigError, match=r"report\.passage_tokens: 17 is longer than .* \(train\.block_size 16\)"):
-        reporting.run("shakespeare", LMReportConfig(passage_tokens=17), lm_built["data"], lm_built["tok"],
-                      lm_built["model"], lm_built["metrics"], lm_built["samples"], lm_built["lengths"], lm_built["live"],
-                      report, figures, tmp_path / "losses.csv")
+        reporting.run("shakespeare", LMReportConfig(passage_tokens=17), ReportPaths(
+                          data=lm_built["data"], tokenizer=lm_built["tok"], model=lm_built["model"],
+                          metrics=lm_built["metrics"], samples=lm_built["samples"],
+                          lengths=lm_built["lengths"], live=lm_built["live"], out=report,
+                          figures=figures, losses=tmp_path / "losses.csv"))
     assert not report.exists() and not figures.exists() and not list(tmp_path.glob(".figures*"))
     out = tmp_path / "tok"
     with pytest.raises(ConfigError, match=r"shakespeare\.tokenize\.source_eos: applies to translation tasks"):
@@ -390,7 +395,7 @@ def test_the_pinned_sum_is_that_of_the_text_nanogpt_reads():
 
 
 def test_generate_continues_a_prompt(tmp_path, lm_built, capsys):
-    from lib.use import generate
+    from lib.use import attention_figures, generate
 
     models = models_dir(lm_built, tmp_path)
     run = ["--task", "shakespeare", "--models", str(models), "--max-new-tokens", "25", "--top-k", "5"]
@@ -400,7 +405,7 @@ def test_generate_continues_a_prompt(tmp_path, lm_built, capsys):
     generate.main(run + ["--prompt", "ROMEO:\n", "--top-p", "0.9", "--seed", "3", "--attention", str(tmp_path / "att")])
     assert capsys.readouterr().out == first  # seeded, and drawing its attention changes nothing
     assert sorted(p.name for p in (tmp_path / "att").iterdir()) == ["attention.md", "self_attention.png"]
-    assert all(any(fnmatch.fnmatchcase(p.name, pattern) for pattern in generate.FIGURE_FILES)  # what --output may not
+    assert all(any(fnmatch.fnmatchcase(p.name, pattern) for pattern in attention_figures.FIGURE_FILES)  # what --output may not
                for p in (tmp_path / "att").iterdir())
     assert "The first 16 tokens of the prompt" in (tmp_path / "att" / "attention.md").read_text()  # its block size
     generate.main(run + ["--prompt", "ROMEO:\n", "--top-p", "0.9", "--seed", "3", "--num-samples", "3"])
@@ -425,7 +430,7 @@ def test_generate_scores_a_text_over_every_token_after_the_first(tmp_path, lm_bu
     import torch.nn.functional as F
 
     from lib.model import checkpoint
-    from lib.use import generate
+    from lib.use import command, generate
 
     models = models_dir(lm_built, tmp_path)
     text = PLAY[:16 * 3 + 6]  # three blocks of 16 targets, then 5 more
@@ -433,7 +438,7 @@ def test_generate_scores_a_text_over_every_token_after_the_first(tmp_path, lm_bu
     run = ["--task", "shakespeare", "--models", str(models)]
     generate.main(run + ["--score", str(tmp_path / "text.txt"), "--attention", str(tmp_path / "att")])
     scores = json.loads(capsys.readouterr().out)
-    assert tuple(scores) == generate.LM_SCORES and scores["tokens"] == len(text)  # one character a token
+    assert tuple(scores) == command.LM_SCORES and scores["tokens"] == len(text)  # one character a token
 
     model, toks, _ = checkpoint.load_trained(models / "model.pt", models / "tokenizer")
     ids = torch.tensor(toks.target.encode(text, add_special_tokens=False).ids)

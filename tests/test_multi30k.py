@@ -20,12 +20,13 @@ import torch
 import yaml
 
 from lib.model import checkpoint
-from lib.evaluate import evaluation
+from lib.evaluate import by_length, evaluation
 from lib.model import losses
-from lib.report import reporting
+from lib.report.reporting import ReportPaths
+from lib.report import attention_maps, reporting
 from lib.data import tokenizer
 from lib.tasks.stages import run_tokenize
-from lib.train import training
+from lib.train import averaging, seq2seq, training
 from lib.core.config import ConfigError, ReportConfig
 from lib.tasks.params import stage_config
 from lib.data.pairs import read_split
@@ -268,25 +269,25 @@ def test_bpe_round_trips_and_specials_come_from_the_artifact(tmp_path, corpus, j
 
 def test_bleu_and_chrf_on_a_known_example():
     # By hand: 1- to 4-gram precisions 5/6, 3/5, 2/4, 1/3, no brevity penalty: (1/12) ** (1/4).
-    scores = multi30k.score(["the cat sat on a mat"], ["the cat sat on the mat"])
+    scores = multi30k.Multi30k().score(["the cat sat on a mat"], ["the cat sat on the mat"])
     assert scores["bleu"] == pytest.approx(100 * (1 / 12) ** 0.25, abs=1e-6)
     assert "tok:13a" in scores["bleu_signature"] and "case:mixed" in scores["bleu_signature"]
-    assert multi30k.score(["A dog."], ["A dog."])["chrf"] == pytest.approx(100.0)
-    assert multi30k.sentence_score("a b c d", "a b c d") == pytest.approx(100.0)
+    assert multi30k.Multi30k().score(["A dog."], ["A dog."])["chrf"] == pytest.approx(100.0)
+    assert multi30k.Multi30k().sentence_score("a b c d", "a b c d") == pytest.approx(100.0)
 
 
 def test_bleu_by_source_length_groups_sentences_by_their_words():
-    assert [multi30k.length_group(" ".join("w" * n)) for n in (1, 7, 8, 9, 10, 16, 17, 40)] == [
+    assert [by_length.length_group(" ".join("w" * n)) for n in (1, 7, 8, 9, 10, 16, 17, 40)] == [
         "01-07", "01-07", "08-09", "08-09", "10-11", "14-16", "17+", "17+"]
     sources = ["ein Hund", "ein Hund läuft", " ".join(["Wort"] * 17)]
     # The first group's BLEU is the corpus BLEU of its two sentences alone.
     hypotheses = ["the cat sat on a mat", "a b c d", "x y z w v"]
     references = ["the cat sat on the mat", "a b c d", "x y z w v"]
-    table = multi30k.breakdown(sources, hypotheses, references)
+    table = by_length.score_by_source_length(multi30k.Multi30k(), sources, hypotheses, references)
     assert table["group"].tolist() == ["01-07", "17+"] and table["length"].tolist() == [1, 17]  # empty ones left out
     assert table["sentences"].tolist() == [2, 1]
     groups = dict(zip(table["group"], table["bleu"]))
-    assert groups["01-07"] == pytest.approx(multi30k.score(hypotheses[:2], references[:2])["bleu"])
+    assert groups["01-07"] == pytest.approx(multi30k.Multi30k().score(hypotheses[:2], references[:2])["bleu"])
     assert groups["17+"] == pytest.approx(100.0)
 
 
@@ -309,7 +310,7 @@ def test_trains_evaluates_and_ties_embeddings(tmp_path, corpus, joint):
     assert (model.src_embed.tokens.weight is model.tgt_embed.tokens.weight) == joint
     assert state["joint_vocab"] == joint and summary["step"] > 0
     check_rerunnable({("prepare", "out"): paths[0], ("tokenize", "out"): paths[1], ("train", "checkpoints"): paths[3],
-                      ("train", "live"): paths[4]})  # source.json and target.json, when not joint
+                      ("train", "live"): paths[4]}, "multi30k")  # source.json and target.json, when not joint
     params["multi30k"]["evaluate"]["beam_size"] = 3
     reports = tmp_path / "reports" / "multi30k"
     metrics = evaluation.run("multi30k", cfg(params, "evaluate"), paths[0], paths[1], paths[2],
@@ -326,9 +327,11 @@ def test_trains_evaluates_and_ties_embeddings(tmp_path, corpus, joint):
         missed = [f.text != r.text and r.score > f.score + 1e-4
                   for f, r in zip(found, translator.score(sources, references, alpha))]
         assert metrics[search]["search_errors"] == pytest.approx(sum(missed) / len(sources)), search
-    reporting.run("multi30k", ReportConfig(n_attention_examples=2), paths[0], paths[1], paths[2],
-                  reports / "metrics.json", reports / "samples.jsonl", reports / "by_length.csv", paths[4],
-                  reports / "report.md", reports / "figures", reports / "losses.csv")
+    reporting.run("multi30k", ReportConfig(n_attention_examples=2), ReportPaths(
+                      data=paths[0], tokenizer=paths[1], model=paths[2], metrics=reports / "metrics.json",
+                      samples=reports / "samples.jsonl", lengths=reports / "by_length.csv",
+                      live=paths[4], out=reports / "report.md", figures=reports / "figures",
+                      losses=reports / "losses.csv"))
     text = (reports / "report.md").read_text()
     assert "| greedy" in text and "| beam3" in text and "bleu signature" in text  # searches side by side
     alpha_row = next(line for line in text.splitlines() if line.startswith("| alpha"))
@@ -365,17 +368,17 @@ def test_stop_reasons():
     params.update(epochs=10, max_steps=500, time_budget_minutes=1.0, patience=3)
     train_cfg = cfg({"tasks": ["multi30k"], "multi30k": {"train": params}}, "train")
     state = {"epoch": 4, "step": 499, "elapsed_s": 30.0, "epochs_since_best": 2}
-    assert training.stop_reason(train_cfg, state) is None
-    assert "train.max_steps" in training.stop_reason(train_cfg, {**state, "step": 500})
-    assert "train.time_budget_minutes" in training.stop_reason(train_cfg, {**state, "elapsed_s": 61.0})
-    assert "train.patience" in training.stop_reason(train_cfg, {**state, "epochs_since_best": 3})
-    assert "train.epochs" in training.stop_reason(train_cfg, {**state, "epoch": 10})
+    assert seq2seq.stop_reason(train_cfg, state) is None
+    assert "train.max_steps" in seq2seq.stop_reason(train_cfg, {**state, "step": 500})
+    assert "train.time_budget_minutes" in seq2seq.stop_reason(train_cfg, {**state, "elapsed_s": 61.0})
+    assert "train.patience" in seq2seq.stop_reason(train_cfg, {**state, "epochs_since_best": 3})
+    assert "train.epochs" in seq2seq.stop_reason(train_cfg, {**state, "epoch": 10})
 
 
 def test_average_weights_is_the_elementwise_mean(tmp_path):
     for i, value in enumerate((1.0, 2.0, 6.0)):
         checkpoint.save({"model": {"w": torch.full((2, 2), value), "n": torch.tensor([i])}}, tmp_path / f"{i}.pt")
-    mean = training.average_weights([tmp_path / f"{i}.pt" for i in range(3)])
+    mean = averaging.average_weights([tmp_path / f"{i}.pt" for i in range(3)])
     assert torch.equal(mean["w"], torch.full((2, 2), 3.0)) and mean["n"].dtype == torch.long
 
 
@@ -398,7 +401,7 @@ def test_real_multi30k_loads_and_bpe_round_trips(tmp_path):
 def test_source_eos_ends_every_source_the_model_reads(tmp_path, corpus, monkeypatch, joint, source_eos):
     """tokenize.source_eos is kept in the tokenizer file (its source side's post-processor), so training,
     evaluation and lib.use.generate all give the model the same sources; targets never get the <eos>."""
-    from lib.use import inference
+    from lib.use import lines
     from transformer.greedy import Hypothesis
 
     params = tiny_params(corpus, joint=joint)
@@ -410,9 +413,9 @@ def test_source_eos_ends_every_source_the_model_reads(tmp_path, corpus, monkeypa
     assert [s[-1] == eos for s in pairs.src] == [source_eos] * len(pairs.src)
     assert not any(eos in s[:-1] for s in pairs.src) and not any(eos in t for t in pairs.tgt)
     seen = []
-    monkeypatch.setattr(inference, "translate_n_best", lambda _, sources, *args: seen.extend(sources) or
+    monkeypatch.setattr(lines, "translate_n_best", lambda _, sources, *args: seen.extend(sources) or
                         [[Hypothesis([], 0.0, 0.0, True)]] * len(sources))
-    inference.translate_lines(SimpleNamespace(cfg=SimpleNamespace(max_len=64)), toks, GERMAN[:2], 1, 0.0, 5, 1000)
+    lines.translate_lines(SimpleNamespace(cfg=SimpleNamespace(max_len=64)), toks, GERMAN[:2], 1, 0.0, 5, 1000)
     assert seen == tokenizer.encode_pairs(toks, pd.DataFrame({"src": GERMAN[:2], "tgt": ["", ""]})).src
 
 
@@ -453,7 +456,7 @@ def test_generate_translates_a_file_line_by_line(tmp_path, trained, capsys):
 def test_generate_writes_each_lines_n_best_with_the_scores_beam_search_ranked_them_by(tmp_path, trained):
     """--n-best K: a table of each translated line's K best outputs, best first; rank 1 is the plain output,
     and each score is the model's own log-probability of that output over the length penalty."""
-    from lib.use import generate, inference
+    from lib.use import generate, lines
     from transformer.greedy import length_penalty
     from lib.evaluate.decode import score_outputs
     from lib.data.tokenizer import encode_sources, special_ids
@@ -475,7 +478,7 @@ def test_generate_writes_each_lines_n_best_with_the_scores_beam_search_ranked_th
     for (line, rows), german in zip(table.groupby("line"), [GERMAN[0], GERMAN[1]]):
         assert rows["score"].is_monotonic_decreasing
         source = encode_sources(toks, [german])[0].ids
-        _, _, written = inference.translate_lines(model, toks, [german], 4, 0.6, 20, 8192, n_best=3)
+        _, _, written = lines.translate_lines(model, toks, [german], 4, 0.6, 20, 8192, n_best=3)
         hypotheses = written[0][1]
         rescored = score_outputs(model, [source] * 3, [h.tokens for h in hypotheses], ids, 8192, 0.6,
                                  [h.eos for h in hypotheses])  # teacher-forced
@@ -569,7 +572,7 @@ def test_generate_draws_the_attention_that_wrote_each_output(tmp_path, trained, 
     own output, cut to the line's real lengths (the same weights as that line run alone, unpadded), rows
     labelled by the output's tokens and <eos>; empty lines drawn never; nothing left half-written."""
     from lib.report import figures
-    from lib.use import generate
+    from lib.use import attention_figures, generate
     from lib.data.pairs import Pairs, collate
     from lib.model.translate import greedy_translate
     from lib.data.tokenizer import encode_sources, special_ids
@@ -586,7 +589,7 @@ def test_generate_draws_the_attention_that_wrote_each_output(tmp_path, trained, 
     outputs = (out_dir / "out.txt").read_text(encoding="utf-8").split("\n")
     pngs = [f"{kind}_attention_line{n}.png" for kind in ("cross", "decoder_self", "encoder_self") for n in (1, 3)]
     assert sorted(p.name for p in out_dir.iterdir()) == sorted(["attention.md", "out.txt", *pngs])  # out.txt: ours
-    assert all(any(fnmatch.fnmatchcase(p.name, pattern) for pattern in generate.FIGURE_FILES)  # what --output may not
+    assert all(any(fnmatch.fnmatchcase(p.name, pattern) for pattern in attention_figures.FIGURE_FILES)  # what --output may not
                for p in out_dir.iterdir() if p.name != "out.txt")
     assert all((out_dir / name).stat().st_size > 0 for name in os.listdir(out_dir))
     page = (out_dir / "attention.md").read_text(encoding="utf-8")
@@ -601,7 +604,7 @@ def test_generate_draws_the_attention_that_wrote_each_output(tmp_path, trained, 
     assert toks.target.decode(output) == outputs[2]
     assert src == [toks.source.id_to_token(t) for t in source]
     assert labels == [toks.target.id_to_token(t) for t in output] + ["<eos>"]
-    alone, _ = figures.attention_maps(model, collate(Pairs([source], [output]), [0], ids), ids)
+    alone, _ = attention_maps.attention_maps(model, collate(Pairs([source], [output]), [0], ids), ids)
     for kind, layers in alone.items():
         for layer, weights in enumerate(layers):  # (1, H, rows, columns): this line's real lengths
             rows, columns = weights.shape[-2:]

@@ -184,7 +184,8 @@ def test_a_torch_file_that_is_not_our_model_is_named_in_evaluate_and_generate(tm
     message = f"{models / 'model.pt'}: not a model file written by this project ({found}"
     argv = ["cumsum", "--params", str(ROOT / "params.yaml"), "--data", str(built["data"]), "--tokenizer",
             str(models / "tokenizer"), "--model", str(models / "model.pt"), "--metrics", str(tmp_path / "m.json"),
-            "--samples", str(tmp_path / "s.jsonl"), "--lengths", str(tmp_path / "l.csv")]
+            "--samples", str(tmp_path / "s.jsonl"), "--lengths", str(tmp_path / "l.csv"),
+            "--generation", str(tmp_path / "g.json")]
     assert run_stage("evaluate", argv) == 2
     said = last_line(capsys.readouterr().err)
     assert said.startswith(f"evaluate@cumsum: error: {message}") and said.endswith("; re-run the train stage")
@@ -219,7 +220,7 @@ def test_a_beam_past_its_bound_is_named_before_any_search(tmp_path, built, capsy
 
 
 def test_max_new_tokens_past_its_bound_is_named():
-    from lib.use.inference import check
+    from lib.evaluate.options import check
 
     with pytest.raises(ValueError, match=r"max_new_tokens 1000000: must be in \[1, 100000\]"):
         check(max_new_tokens=1_000_000)

@@ -13,7 +13,7 @@ import yaml
 from lib.model import checkpoint
 from lib.report.attention_view import chosen_examples
 from lib.data.pairs import collate
-from lib.report.figures import attention_maps
+from lib.report.attention_maps import attention_maps
 from lib.report.reporting import read_samples
 from lib.data.tokenizer import encode_pairs, special_ids
 from tests.conftest import TINY_PARAMS, run_stage
@@ -143,12 +143,12 @@ def test_head_statistics_read_a_head_that_looks_at_itself_and_one_at_the_previou
 
 
 def test_cumsum_accuracy_by_target_value_counts_each_value_in_training():
-    from lib.tasks import cumsum
+    from lib.report.length_study import accuracy_by_value
 
     samples = pd.DataFrame({"split": ["test", "test", "lengths"], "reference": ["1 3 8", "2 3", "9 9"],
                             "greedy": ["1 3 7", "2", "9 9"]})
     train = pd.DataFrame({"src": ["1 2", "3"], "tgt": ["1 3", "3"]})
-    table = cumsum.accuracy_by_value(samples, train)
+    table = accuracy_by_value(samples, train)
     assert table.to_dict("list") == {"value": [1, 2, 3, 8], "tokens": [1, 1, 2, 1], "accuracy": [1.0, 1.0, 0.5, 0.0],
                                      "train_count": [1, 0, 2, 0]}
 

@@ -25,18 +25,21 @@ import pytest
 import torch
 import yaml
 
+from lib.report.reporting import ReportPaths
 from lib.report import captions
 from lib.model import checkpoint
 from lib.train import curves
 from lib.evaluate import evaluation
-from lib.report import figures
+from lib.evaluate.by_length import exact_up_to
+from lib.report import attention_maps
 from lib.core import files
-from lib.report import reporting
+from lib.report import reporting, sections
+from lib.report.length_study import breaking_length
 from lib.data import tokenizer
 from lib.tasks.stages import run_tokenize
-from lib.train import training
+from lib.train import averaging, seq2seq, training
 from lib.model import device as lib_device
-from lib.stage.cli import DIRECTORY, FILE, HOLDS, INPUTS
+from lib.stage.cli import DIRECTORY, FILE, HOLDS, INPUTS, TASK_DIRECTORIES
 from lib.core.config import ConfigError
 from lib.tasks.params import stage_config
 from lib.data.pairs import collate, read_split, read_text, token_budget_batches
@@ -72,8 +75,10 @@ def built(tmp_path_factory):
                                 p["checkpoints"], p["live"])
     p["scores"] = evaluation.run("cumsum", cfg("evaluate"), p["data"], p["tokenizer"], p["model"],
                                  p["metrics"], p["samples"], p["lengths"])
-    reporting.run("cumsum", cfg("report"), p["data"], p["tokenizer"], p["model"], p["metrics"], p["samples"],
-                  p["lengths"], p["live"], p["report"], p["figures"], p["losses"])
+    reporting.run("cumsum", cfg("report"), ReportPaths(
+                      data=p["data"], tokenizer=p["tokenizer"], model=p["model"], metrics=p["metrics"],
+                      samples=p["samples"], lengths=p["lengths"], live=p["live"],
+                      out=p["report"], figures=p["figures"], losses=p["losses"]))
     return p
 
 
@@ -153,7 +158,7 @@ def test_evaluate_writes_metrics_and_samples(built):
     shares = study.groupby(study["source"].str.split().str.len())["correct"].mean()
     assert shares.tolist() == by_length["exact_match"].tolist()
     trained = test["source"].str.split().str.len()  # test sequences have the trained lengths
-    assert metrics["exact_up_to_length"] == cumsum.exact_up_to(shares.to_dict(), trained.min())
+    assert metrics["exact_up_to_length"] == exact_up_to(shares.to_dict(), trained.min())
 
 
 def disk_full_writing(monkeypatch, name: str):
@@ -358,9 +363,11 @@ def test_a_report_is_drawn_whole_or_leaves_the_last_one_as_it_was(tmp_path, buil
 
     def draw(n_examples):
         tiny_params["cumsum"]["report"]["n_attention_examples"] = n_examples
-        reporting.run("cumsum", stage_config(tiny_params, "cumsum", "report"), built["data"], built["tokenizer"],
-                      built["model"], built["metrics"], built["samples"], built["lengths"], built["live"], report,
-                      figures, tmp_path / "cumsum" / "losses.csv")
+        reporting.run("cumsum", stage_config(tiny_params, "cumsum", "report"), ReportPaths(
+                          data=built["data"], tokenizer=built["tokenizer"], model=built["model"],
+                          metrics=built["metrics"], samples=built["samples"],
+                          lengths=built["lengths"], live=built["live"], out=report,
+                          figures=figures, losses=tmp_path / "cumsum" / "losses.csv"))
         return {p.name: p.read_bytes() for p in figures.iterdir()}
 
     draw(2)
@@ -372,7 +379,7 @@ def test_a_report_is_drawn_whole_or_leaves_the_last_one_as_it_was(tmp_path, buil
     def disk_full(*args):
         raise OSError("disk full")
 
-    monkeypatch.setattr(reporting, "plot_by_length", disk_full)
+    monkeypatch.setattr(sections, "plot_by_length", disk_full)
     with pytest.raises(OSError, match="disk full"):
         draw(1)  # the example figures are drawn before the accuracy by length
     assert {p.name: p.read_bytes() for p in figures.iterdir()} == before and report.read_text() == text
@@ -391,13 +398,13 @@ def test_a_report_is_drawn_whole_or_leaves_the_last_one_as_it_was(tmp_path, buil
 
 
 def test_where_it_breaks_shows_a_wrong_sequence_of_that_length_and_the_steps_that_wrote_it(built):
-    """The report's last attention figures: the first wrong sequence at cumsum.breaking_length, and the
+    """The report's last attention figures: the first wrong sequence at breaking_length, and the
     model teacher-forced on its own greedy output, whose likeliest tokens are that output again: the
     rows are the steps that chose it."""
     text = built["report"].read_text()
     metrics = json.loads(built["metrics"].read_text())
     by_length = pd.read_csv(built["lengths"])
-    length = cumsum.breaking_length(dict(zip(by_length["length"], by_length["exact_match"])))
+    length = breaking_length(dict(zip(by_length["length"], by_length["exact_match"])))
     assert length is not None and f"At length {length}, exact match is " in text
     assert f"up to {metrics['exact_up_to_length']} come out exact" in text
     table = text.split("## Where it breaks")[1].split("The attention that wrote")[0]
@@ -408,7 +415,7 @@ def test_where_it_breaks_shows_a_wrong_sequence_of_that_length_and_the_steps_tha
     ids = tokenizer.special_ids(tokenizers)
     output = pd.DataFrame({"src": [shown["source"]], "tgt": [shown["greedy output"]]})
     pairs = tokenizer.encode_pairs(tokenizers, output)
-    _, likeliest = figures.attention_maps(model, collate(pairs, [0], ids), ids)
+    _, likeliest = attention_maps.attention_maps(model, collate(pairs, [0], ids), ids)
     assert likeliest[0, :-1].tolist() == pairs.tgt[0]
     stopped = len(pairs.tgt[0]) < length + TINY_PARAMS["cumsum"]["evaluate"]["max_extra_tokens"]  # not cut off
     assert (likeliest[0, -1] == ids.eos) == stopped
@@ -469,7 +476,7 @@ def test_the_validation_score_by_epoch_is_the_score_of_that_epochs_greedy_output
     valid = tokenizer.encode_pairs(tokenizers, read_split(built["data"], "valid"))
     outputs = tokenizer.decode(tokenizers.target, greedy_translate(model, valid.src, tokenizer.special_ids(tokenizers),
                                                             1024, 50))
-    expected = cumsum.score(outputs, tokenizer.decode(tokenizers.target, valid.tgt))["exact_match"]
+    expected = cumsum.Cumsum().score(outputs, tokenizer.decode(tokenizers.target, valid.tgt))["exact_match"]
     assert scores.set_index("step").loc[state["step"], "exact_match"] == pytest.approx(expected)
     tiny_params["cumsum"]["train"]["valid_score"] = False
     train_into(tmp_path, tiny_params, built)
@@ -501,7 +508,7 @@ def test_max_steps_stops_mid_epoch_and_raising_it_resumes_to_the_same_model(tmp_
     straight = checkpoint.load(built["checkpoints"] / "last.pt")
     per_epoch = straight["step"] // tiny_params["cumsum"]["train"]["epochs"]
     tiny_params["cumsum"]["train"]["max_steps"] = per_epoch // 2
-    with caplog.at_level(logging.INFO, logger="lib.train.training"):
+    with caplog.at_level(logging.INFO, logger="lib.train.seq2seq"):
         summary = train_into(tmp_path, tiny_params, built)
     stopped = checkpoint.load(tmp_path / "ckpt" / "last.pt")
     assert summary["step"] == per_epoch // 2 and stopped["epoch"] == 0 and stopped["batches_done"] == per_epoch // 2
@@ -522,7 +529,8 @@ def test_model_pt_is_the_best_epoch_or_a_better_average(tmp_path, built, tiny_pa
     """Validation losses 3, 2, 2.5, 2.6 (scripted): patience 2 stops training after the fourth epoch, and
     model.pt is the second's weights, unless the average of the last two validates better still."""
     losses = iter([3.0, 2.0, 2.5, 2.6, averaged_loss])
-    monkeypatch.setattr(training, "mean_loss", lambda *args: next(losses))
+    for module in (seq2seq, averaging):  # the epochs' validation, then the average's
+        monkeypatch.setattr(module, "mean_loss", lambda *args: next(losses))
     tiny_params["cumsum"]["train"].update(epochs=10, patience=2, average_last=2)
     with caplog.at_level("INFO", logger="lib"):
         summary = train_into(tmp_path, tiny_params, built)
@@ -538,7 +546,8 @@ def test_averaging_by_steps_is_the_mean_of_the_last_weights_saved_every_n_steps(
     """train.average_every: weights kept every N steps, the last average_last of them, and model.pt their
     mean when it validates better (the paper's checkpoints every 10 minutes, where an epoch is too long)."""
     losses = iter([3.0, 2.0, 1.0])  # epoch 1, epoch 2, then the average: better, so model.pt is the average
-    monkeypatch.setattr(training, "mean_loss", lambda *args: next(losses))
+    for module in (seq2seq, averaging):  # the epochs' validation, then the average's
+        monkeypatch.setattr(module, "mean_loss", lambda *args: next(losses))
     tiny_params["cumsum"]["train"].update(epochs=2, average_every=3, average_last=3)
     summary = train_into(tmp_path, tiny_params, built)
     last = summary["step"] // 3 * 3
@@ -564,7 +573,7 @@ def test_every_epoch_shuffles_the_batches_anew(tmp_path, built, tiny_params, mon
             drawn.append(batches)
         return batches
 
-    monkeypatch.setattr(training, "token_budget_batches", recorded)
+    monkeypatch.setattr(seq2seq, "token_budget_batches", recorded)
     tiny_params["cumsum"]["train"]["epochs"] = 2
     train_into(tmp_path, tiny_params, built)
     first, second = drawn
@@ -575,7 +584,7 @@ def test_accumulating_two_batches_is_one_step_on_both(tmp_path, built, tiny_para
     """train.accumulate: 2 over the epoch's batches b1, b2, b3, ... takes the steps that single batches
     b1 + b2, b3 + b4, ... take: the same weights, losses and gradient norms (dropout off: its masks
     follow the batches' shapes)."""
-    make_batches = training.token_budget_batches
+    make_batches = seq2seq.token_budget_batches
     train = tiny_params["cumsum"]["train"]
     train["model"]["dropout"] = 0.0
     train["accumulate"] = 2
@@ -585,7 +594,7 @@ def test_accumulating_two_batches_is_one_step_on_both(tmp_path, built, tiny_para
         batches = make_batches(*args)
         return [sum(batches[i:i + 2], []) for i in range(0, len(batches), 2)]
 
-    monkeypatch.setattr(training, "token_budget_batches", pairs_joined)
+    monkeypatch.setattr(seq2seq, "token_budget_batches", pairs_joined)
     train["accumulate"] = 1
     joined = train_into(tmp_path / "joined", tiny_params, built)
     # Half the steps of the built run's single batches (the same epochs), rounded up each epoch.
@@ -797,7 +806,7 @@ def test_a_gpu_out_of_memory_names_what_sizes_a_batch(tmp_path, capsys, built, t
     def out_of_memory(*args, **kwargs):
         raise torch.OutOfMemoryError(OUT_OF_MEMORY)
 
-    monkeypatch.setattr(training, "seq2seq_loss", out_of_memory)
+    monkeypatch.setattr(seq2seq, "seq2seq_loss", out_of_memory)
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump(tiny_params))
     argv = ["cumsum", "--params", str(params), "--data", str(built["data"]), "--tokenizer", str(built["tokenizer"]),
@@ -873,9 +882,12 @@ def test_a_model_of_another_task_is_named(tmp_path, built, capsys):
         evaluation.run("multi30k", cfg("evaluate"), built["data"], built["tokenizer"], built["model"],
                        out["metrics.json"], out["samples.jsonl"], out["by_length.csv"])
     with pytest.raises(ValueError, match=message):
-        reporting.run("multi30k", cfg("report"), built["data"], built["tokenizer"], built["model"], built["metrics"],
-                      built["samples"], built["lengths"], built["live"], out["report.md"], out["figures"],
-                      out["losses.csv"])
+        reporting.run("multi30k", cfg("report"), ReportPaths(
+                          data=built["data"], tokenizer=built["tokenizer"], model=built["model"],
+                          metrics=built["metrics"], samples=built["samples"],
+                          lengths=built["lengths"], live=built["live"],
+                          out=out["report.md"], figures=out["figures"],
+                          losses=out["losses.csv"]))
     assert not any(path.exists() for path in out.values())
     (tmp_path / "de.txt").write_text("Ein Hund läuft.\n")
     with pytest.raises(SystemExit) as exit_info:
@@ -951,7 +963,7 @@ def test_an_output_that_cannot_be_written_is_named_before_any_work(tmp_path, cap
     assert on_disk(tmp_path) == before
 
 
-@pytest.mark.parametrize("stage, option", HOLDS)
+@pytest.mark.parametrize("stage, option", [*TASK_DIRECTORIES, *HOLDS])
 def test_a_directory_output_holding_what_the_stage_does_not_write_is_refused(tmp_path, capsys, stage, option):
     """A stage replaces a directory it writes whole (training started afresh clears its checkpoints and
     curves), so `tokenize --out models/cumsum`, meant for models/cumsum/tokenizer, deleted the trained model
@@ -974,12 +986,12 @@ def test_a_directory_output_holding_what_the_stage_does_not_write_is_refused(tmp
 
 
 def test_every_directory_a_stage_wrote_is_one_it_may_write_again(built):
-    """What the stages wrote (cumsum's; the LM's and multi30k's in their tests) is what HOLDS lets them replace."""
+    """What the stages wrote (cumsum's; the LM's and multi30k's in their tests) is what holds() lets them replace."""
     outputs = {("fetch", "out"): built["sources"], ("prepare", "out"): built["data"],
                ("tokenize", "out"): built["tokenizer"],
                ("train", "checkpoints"): built["checkpoints"], ("train", "live"): built["live"],
                ("report", "figures"): built["figures"]}
-    assert set(outputs) == set(HOLDS) == {(stage, option) for stage, module in STAGES.items()
+    assert set(outputs) == {*TASK_DIRECTORIES, *HOLDS} == {(stage, option) for stage, module in STAGES.items()
                                           for option, kind in module.WRITES.items() if kind == DIRECTORY}
     check_rerunnable(outputs)
 
@@ -1021,9 +1033,12 @@ def test_a_report_from_a_directory_without_training_curves_names_the_curve(tmp_p
     (tmp_path / "live").mkdir()
     with pytest.raises(FileNotFoundError, match=r"live/plots/metrics/train/loss.tsv: training curve not found "
                                                 r"\(run the train stage first\)"):
-        reporting.run("cumsum", stage_config(tiny_params, "cumsum", "report"), built["data"], built["tokenizer"],
-                      built["model"], built["metrics"], built["samples"], built["lengths"], tmp_path / "live",
-                      tmp_path / "report.md", tmp_path / "figures", tmp_path / "losses.csv")
+        reporting.run("cumsum", stage_config(tiny_params, "cumsum", "report"), ReportPaths(
+                          data=built["data"], tokenizer=built["tokenizer"], model=built["model"],
+                          metrics=built["metrics"], samples=built["samples"],
+                          lengths=built["lengths"], live=tmp_path / "live", out=tmp_path /
+                          "report.md", figures=tmp_path / "figures", losses=tmp_path /
+                          "losses.csv"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["live"]
 
 
@@ -1166,7 +1181,7 @@ def test_drawn_attention_is_what_the_model_computes(built):
     lengths = [len(s) for s in pairs.src]
     examples = [lengths.index(min(lengths)), lengths.index(max(lengths))]  # the shorter one is padded
     batch = collate(pairs, examples, ids)
-    maps, likeliest = figures.attention_maps(model, batch, ids)
+    maps, likeliest = attention_maps.attention_maps(model, batch, ids)
     short = min(lengths)
     for kind, layers in maps.items():
         for w in layers:
@@ -1217,7 +1232,7 @@ def test_a_split_not_as_prepare_writes_it_is_named_by_row_and_nothing_is_written
     params.write_text(yaml.safe_dump(tiny_params))
     argv = ["cumsum", "--params", str(params), "--data", str(data), "--tokenizer", str(built["tokenizer"]),
             "--model", str(built["model"]), "--metrics", str(outputs[0]), "--samples", str(outputs[1]),
-            "--lengths", str(outputs[2])]
+            "--lengths", str(outputs[2]), "--generation", str(tmp_path / "generation.json")]
     assert run_stage("evaluate", argv) == 2
     assert last_line(capsys.readouterr().err) == (
         f"evaluate@cumsum: error: {data / 'test.parquet'}: {found}; re-run the prepare stage")
@@ -1283,11 +1298,11 @@ def test_a_budget_below_the_widest_pairs_is_named_with_their_count(tmp_path, bui
     class Checked(Exception):
         pass
 
-    def check_then_stop(pairs, max_tokens, check=training.check_budget):
+    def check_then_stop(pairs, max_tokens, check=seq2seq.check_budget):
         check(pairs, max_tokens)
         raise Checked
 
-    monkeypatch.setattr(training, "check_budget", check_then_stop)
+    monkeypatch.setattr(seq2seq, "check_budget", check_then_stop)
     # n digits to n sums: n + 1 tokens on the target side (bos or eos), over the budget for n = 5, the longest
     wide = (pd.read_parquet(built["data"] / "train.parquet")["src"].str.split().str.len() == 5).sum()
     assert wide > 0
@@ -1460,8 +1475,8 @@ def test_a_translator_names_an_argument_of_the_wrong_type_before_any_work(built,
     for call, message in [
             (lambda: translator.translate("1 2", beam_size=2.0), "beam_size 2.0: must be an integer"),
             (lambda: translator.translate("1 2", beam_size=True), "beam_size True: must be an integer"),
-            (lambda: translator.translate("1 2", alpha="0.6", max_extra_tokens=None),
-             "alpha '0.6': must be a number; max_extra_tokens None: must be an integer"),
+            (lambda: translator.translate("1 2", alpha="0.6", max_extra_tokens=2.5),  # None: the model's default
+             "alpha '0.6': must be a number; max_extra_tokens 2.5: must be an integer"),
             (lambda: translator.n_best("1 2", k="2"), "k '2': must be an integer$"),
             (lambda: translator.translate(b"1 2"), "sentences: a str or a list of str, not bytes"),
             (lambda: translator.translate(None), "sentences: a str or a list of str, not NoneType"),

@@ -73,7 +73,7 @@ def test_the_sample_loads_through_datasets_and_prepare_counts_what_cleaning_drop
     train, test = (pd.read_parquet(tmp_path / "data" / f"{split}.parquet") for split in ("train", "test"))
     assert train["src"].tolist() == [row["en"] for row in splits["train"][:300]]  # English -> German
     assert test["tgt"].tolist() == [row["de"] for row in splits["test"]]
-    texts = wmt14.tokenizer_texts(None, tmp_path / "data", "both")  # an iterator: BPE learns a batch at a time
+    texts = wmt14.WMT14().tokenizer_texts(None, tmp_path / "data", "both")  # an iterator: BPE learns a batch at a time
     assert list(texts) == train["src"].tolist() + train["tgt"].tolist()  # one batch here
 
 
@@ -125,7 +125,7 @@ def test_tokenized_bleu_splits_compounds_as_the_papers_script_does():
     by_hand = sacrebleu.metrics.BLEU(tokenize="none", force=True).corpus_score(
         ["Der Ost ##AT##-##AT## West ##AT##-##AT## Konflikt , sagte er ."],
         [["Der Ost ##AT##-##AT## West ##AT##-##AT## Streit , sagte er ."]]).score
-    scores = wmt14.score(hypotheses, references)
+    scores = wmt14.WMT14().score(hypotheses, references)
     assert scores["tokenized_bleu"] == pytest.approx(by_hand) and scores["tokenized_bleu"] > scores["bleu"]
-    assert wmt14.score(references, references)["tokenized_bleu"] == pytest.approx(100.0)
+    assert wmt14.WMT14().score(references, references)["tokenized_bleu"] == pytest.approx(100.0)
     assert "##AT##" in scores["tokenized_bleu_signature"]

@@ -110,7 +110,7 @@ tests=passed
 write_params() {  # $1: 1 to compile the model
   "$PYTHON" - "$WORK/params.yaml" "$MULTI30K" "$PEAK_TFLOPS" "$DEVICE" "$MINUTES" "$MAX_TOKENS" "$D_MODEL" "$1" <<'PY'
 import sys, yaml
-from lib.core.config import load_params  # as the stages read it
+from lib.core.text import load_params  # as the stages read it
 out, source, peak, device, minutes, max_tokens, d_model, compile_ = sys.argv[1:]
 params = load_params("params.yaml")
 params["tasks"] = ["multi30k"]

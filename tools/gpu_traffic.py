@@ -38,7 +38,6 @@ import json
 import re
 import traceback
 from collections import defaultdict
-from datetime import date
 from functools import partial
 from pathlib import Path
 from unittest.mock import patch
@@ -63,6 +62,7 @@ from tools.train_throughput import (MODEL_KEYS, ROOT, batch_source, batch_work, 
 from transformer.config import ModelConfig
 from transformer.fast.compile import compile_model
 from transformer.model import build_model
+from tools.results import header
 
 LIB = (str(ROOT / "lib"), str(ROOT / "transformer"))  # the project's own code
 TOP = 15  # lines shown
@@ -315,7 +315,7 @@ def main():
             batch_tokens, batch_flops = batch_work(cfg, V, batch, ids)
             tokens, flops = tokens + batch_tokens, flops + batch_flops
         print(json.dumps({
-            "benchmark": "gpu_traffic", "date": date.today().isoformat(), "torch": torch.__version__,
+            **header("gpu_traffic"),
             "batches": source, "model": {k: getattr(cfg, k) for k in MODEL_KEYS},
             "compiled": args.compiled, "max_tokens": max_tokens, "steps": len(batches),
             "tokens_per_step": round(tokens / len(batches)),

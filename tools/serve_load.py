@@ -9,7 +9,6 @@ second for each, and the errors (none expected). Run from the repository root wi
 
 import argparse
 import json
-import platform
 import socket
 import statistics
 import subprocess
@@ -18,9 +17,9 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from datetime import date
 
-import torch
+
+from tools.results import header
 
 
 def post(url: str, body: dict) -> tuple[int, float]:
@@ -92,8 +91,7 @@ def main():
     finally:
         server.terminate()
         server.wait()
-    print(json.dumps({"date": str(date.today()), "machine": platform.processor() or platform.machine(),
-                      "threads": torch.get_num_threads(), "task": args.task, "text": args.text,
+    print(json.dumps({**header("serve_load"), "task": args.task, "text": args.text,
                       "clients": args.clients, **figures, "serving_after": health == 405}, indent=1))
 
 

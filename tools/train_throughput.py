@@ -40,10 +40,8 @@ the host: "step_ms" there is the profiled step's.
 import argparse
 import json
 import math
-import platform
 import resource
 import statistics
-from datetime import date
 from functools import partial
 from itertools import cycle, islice
 from pathlib import Path
@@ -61,6 +59,7 @@ from transformer.config import ModelConfig
 from transformer.fast.compile import compile_model
 from transformer.model import build_model
 from transformer.positions import SinusoidalPositionalEncoding
+from tools.results import header
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ("ours", "torch_nn_transformer")
@@ -353,8 +352,7 @@ def main():
     batches_at, ids, V, source = batch_source(args.data, args.tokenizer, args.steps)
     for max_tokens in args.max_tokens:
         print(json.dumps({
-            "benchmark": "train_throughput", "date": date.today().isoformat(), "machine": platform.processor() or
-            platform.machine(), "threads": torch.get_num_threads(), "torch": torch.__version__, "batches": source,
+            **header("train_throughput"), "batches": source,
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "precision": args.precision, "compile": args.compile,
             "model": {k: getattr(cfg, k) for k in MODEL_KEYS},

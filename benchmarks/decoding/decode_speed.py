@@ -10,18 +10,16 @@ Prints one JSON object.
 
 import argparse
 import json
-import platform
 import time
-from datetime import date
 from pathlib import Path
 
-import torch
 
 from lib.model.checkpoint import load_directory
 from lib.data.pairs import read_split
 from lib.evaluate.decode import translate
-from lib.tasks import multi30k
+from lib.tasks import translation
 from lib.data.tokenizer import decode, encode_pairs, special_ids
+from tools.results import header
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -51,14 +49,12 @@ def main():
             seconds = time.perf_counter() - start
             runs["cached" if cached else "uncached"] = {
                 "seconds": round(seconds, 2), "sentences_per_s": round(len(sources) / seconds, 1),
-                "bleu": round(multi30k.score(decode(tokenizers.target, outputs), references)["bleu"], 2),
+                "bleu": round(translation.score(decode(tokenizers.target, outputs), references)["bleu"], 2),
                 "outputs": outputs}
         identical = runs["cached"].pop("outputs") == runs["uncached"].pop("outputs")
         results[name] = {**runs, "speedup": round(runs["uncached"]["seconds"] / runs["cached"]["seconds"], 2),
                          "identical_outputs": identical}
-    print(json.dumps({"benchmark": "decode_speed", "date": date.today().isoformat(),
-                      "machine": platform.machine(), "threads": torch.get_num_threads(), "torch": torch.__version__,
-                      "sentences": len(sources), "alpha": args.alpha, **results}))
+    print(json.dumps({**header("decode_speed"), "sentences": len(sources), "alpha": args.alpha, **results}))
 
 
 if __name__ == "__main__":

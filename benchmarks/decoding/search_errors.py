@@ -19,15 +19,15 @@ short-output bias the length penalty is there for. Run from the repository root:
 
 import argparse
 import json
-from datetime import date
 from pathlib import Path
 
 from lib.model.checkpoint import load_directory
-from lib.core.config import load_params
+from lib.core.text import load_params
 from lib.data.pairs import read_split
 from lib.evaluate.decode import score_outputs, translate_n_best
 from lib.evaluate.evaluation import search_or_model
 from lib.data.tokenizer import encode_pairs, special_ids
+from tools.results import header
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -65,7 +65,7 @@ def main():
                 "mean_best_tokens": round(sum(len(b.tokens) + b.eos for b in best) / n, 2),
             }
         results[f"beam={beam_size}"] = row
-    print(json.dumps({"benchmark": "search_errors", "date": date.today().isoformat(), "split": args.split,
+    print(json.dumps({**header("search_errors"), "split": args.split,
                       "sentences": n, "alpha": args.alpha,
                       "mean_reference_score": {f"alpha={a}": round(sum(r.score for r in references[a]) / n, 4)
                                                for a in sorted(references)},

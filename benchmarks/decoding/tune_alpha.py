@@ -8,14 +8,14 @@ params.yaml: multi30k.evaluate.alpha. Run from the repository root:
 
 import argparse
 import json
-from datetime import date
 from pathlib import Path
 
 from lib.model.checkpoint import load_directory
 from lib.data.pairs import read_split
 from lib.evaluate.decode import translate
-from lib.tasks import multi30k
+from lib.tasks import translation
 from lib.data.tokenizer import decode, encode_pairs, special_ids
+from tools.results import header
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,12 +32,12 @@ def main():
     ids = special_ids(tokenizers)
     valid = read_split(args.data, "valid")
     sources = encode_pairs(tokenizers, valid).src
-    bleu = {"greedy": multi30k.score(decode(tokenizers.target, translate(model, sources, ids, 8192, 20)),
+    bleu = {"greedy": translation.score(decode(tokenizers.target, translate(model, sources, ids, 8192, 20)),
                                      valid["tgt"].tolist())["bleu"]}
     for alpha in args.alphas:
         outputs = translate(model, sources, ids, 8192, 20, args.beam_size, alpha)
-        bleu[f"alpha={alpha}"] = multi30k.score(decode(tokenizers.target, outputs), valid["tgt"].tolist())["bleu"]
-    print(json.dumps({"benchmark": "tune_alpha", "date": date.today().isoformat(), "split": "valid",
+        bleu[f"alpha={alpha}"] = translation.score(decode(tokenizers.target, outputs), valid["tgt"].tolist())["bleu"]
+    print(json.dumps({**header("tune_alpha"), "split": "valid",
                       "beam_size": args.beam_size, "bleu": {k: round(v, 2) for k, v in bleu.items()}}))
 
 

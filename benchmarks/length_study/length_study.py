@@ -32,7 +32,6 @@ import subprocess
 import tempfile
 import textwrap
 import time
-from datetime import date
 from pathlib import Path
 
 import matplotlib
@@ -41,13 +40,15 @@ import pandas as pd
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from lib.evaluate import evaluation
+from lib.evaluate import by_length, evaluation
 from lib.tasks.stages import run_tokenize
 from lib.train import training  # noqa: E402
-from lib.core.config import ConfigError, load_params, parse_yaml
+from lib.core.config import ConfigError
+from lib.core.text import load_params, parse_yaml
 from lib.tasks.params import stage_config  # noqa: E402
 from lib.tasks import cumsum  # noqa: E402
 from lib.tasks.stages import run_prepare
+from tools.results import header
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -76,8 +77,7 @@ def main():
         results = experiment_results(args.from_exps)
         write_page(results, "DVC experiments " + ", ".join(args.from_exps), stage_config(params, "cumsum", "prepare"),
                    Path(args.out))
-        print(json.dumps({"benchmark": "length_study", "date": date.today().isoformat(), "results": results},
-                         indent=2))
+        print(json.dumps({**header("length_study"), "results": results}, indent=2))
         return
     for item in args.set:
         section = [] if item.split(".")[0] in ("prepare", "tokenize", "evaluate") else ["train"]
@@ -117,7 +117,7 @@ def main():
     if args.set:
         setting += ", " + ", ".join(args.set)
     write_page(results, setting, cfg["prepare"], Path(args.out))
-    print(json.dumps({"benchmark": "length_study", "date": date.today().isoformat(), "setting": setting,
+    print(json.dumps({**header("length_study"), "setting": setting,
                       "results": results}, indent=2))
 
 
@@ -153,9 +153,9 @@ def stop_errors(samples_path: Path) -> dict:
     too early, ...}, "late": {... stops too late}}: the misses at a length that are about where the output ends.
     The outputs are those the evaluate stage scored (samples.jsonl's length-study rows)."""
     samples = pd.read_json(samples_path, lines=True, dtype=False)
-    study = samples[samples["split"] == cumsum.EXTRA_SPLIT]
+    study = samples[samples["split"] == cumsum.Cumsum.extra_split]
     stops = [wrong_stop(h.split(), r.split()) for h, r in zip(study["greedy"], study["reference"])]
-    return {side: cumsum.share_by_length(study["source"].tolist(), [stop == side for stop in stops])
+    return {side: by_length.share_by_length(study["source"].tolist(), [stop == side for stop in stops])
             for side in ("early", "late")}
 
 
@@ -210,8 +210,8 @@ def write_page(results: dict, setting: str, prepare, out: Path):
     with --from-exps, those of params.yaml here, not each experiment's)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     lo, hi = prepare.min_length, prepare.max_length
-    exact = {v: cumsum.lengths_as_numbers(r["by_length"]) for v, r in results.items()}
-    stops = {v: {side: cumsum.lengths_as_numbers(shares) for side, shares in r["stop_errors_by_length"].items()}
+    exact = {v: by_length.lengths_as_numbers(r["by_length"]) for v, r in results.items()}
+    stops = {v: {side: by_length.lengths_as_numbers(shares) for side, shares in r["stop_errors_by_length"].items()}
              for v, r in results.items() if "stop_errors_by_length" in r}
     lengths = sorted(next(iter(exact.values())))
     width = max(8, len(lengths) / 3)  # inches

@@ -27,7 +27,6 @@ import json
 import math
 import tempfile
 import time
-from datetime import date
 from pathlib import Path
 
 import torch
@@ -37,7 +36,7 @@ from lib.evaluate import evaluation
 from lib.model import setup
 from lib.tasks.stages import run_tokenize
 from lib.train import training
-from lib.core.config import load_params
+from lib.core.text import load_params
 from lib.train.curves import read_curves
 from lib.tasks.params import stage_config
 from lib.model.setup import repeats_input
@@ -45,6 +44,7 @@ from lib.tasks.stages import run_prepare
 from lib.data.tokenizer import SpecialIds
 from transformer.masks import padding_mask, target_mask
 from transformer.model import build_model
+from tools.results import header
 
 ROOT = Path(__file__).resolve().parents[2]
 VARIANTS = ("untied", "tied", "copy-start")
@@ -122,8 +122,7 @@ def main():
             for variant in args.variants:
                 for seed in args.seeds:
                     results[variant][seed].update(trained(variant, seed, Path(tmp)))
-    print(json.dumps({"benchmark": "tie_start", "date": date.today().isoformat(), "ln_V": round(math.log(14), 3),
-                      "threads": torch.get_num_threads(), "results": results}, indent=2))
+    print(json.dumps({**header("tie_start"), "ln_V": round(math.log(14), 3), "results": results}, indent=2))
 
 
 if __name__ == "__main__":

@@ -16,11 +16,9 @@ times of both models measured in turns on the same batches.
 import argparse
 import json
 import math
-import platform
 import statistics
 import tempfile
 import time
-from datetime import date
 from pathlib import Path
 
 import torch
@@ -28,17 +26,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from lib.model import checkpoint
-from lib.train import training
+from lib.train import lm as lm_loop
 from lib.core.config import LMTrainConfig, ModelConfig, TokenizeConfig
 from lib.data.pairs import read_text
 from lib.evaluate.evaluation import split_loss
-from lib.train.training import weight_decay_groups
+from lib.train.lm import weight_decay_groups
 from transformer.schedules import cosine_lr
 from transformer.model import build_model
 from lib.tasks import shakespeare
 from lib.tasks.stages import run_fetch, run_prepare
 from lib.data.tokenizer import encode_text, load_tokenizers
 from lib.tasks.stages import run_tokenize
+from tools.results import header
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -142,7 +141,7 @@ def step_times(runs: dict, batches: list[torch.Tensor], rounds: int = 4, clip_no
             start = time.perf_counter()
             for x in batches:
                 with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
-                    loss = training.lm_loss(model, x[:, :-1], x[:, 1:])
+                    loss = lm_loop.lm_loss(model, x[:, :-1], x[:, 1:])
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm, foreach=True)
                 optimizer.step()
@@ -179,7 +178,7 @@ def main():
         run_prepare("shakespeare", shakespeare.PrepareConfig(train_fraction=0.9), tmp / "data", tmp / "sources")
         run_tokenize("shakespeare", TokenizeConfig(kind="char", min_frequency=1), tmp / "data", tmp / "tok")
         start = time.perf_counter()
-        training.train_lm("shakespeare", cfg, tmp / "data", tmp / "tok", tmp / "model.pt", tmp / "ckpt",
+        lm_loop.train_lm("shakespeare", cfg, tmp / "data", tmp / "tok", tmp / "model.pt", tmp / "ckpt",
                           tmp / "live")
         wall = time.perf_counter() - start
         steps = (tmp / "live" / "plots" / "metrics" / "train" / "loss.tsv").read_text().count("\n") - 1
@@ -204,7 +203,7 @@ def main():
     # evaluation included). ms_per_step_alternating: bare training steps of our model and of
     # the nanoGPT replica, each with its own optimizer, timed in turns on the same batches.
     print(json.dumps({
-        "benchmark": "lm_reference", "date": date.today().isoformat(),
+        **header("lm_reference"),
         "config": {"layers": 4, "heads": 4, "width": 128, "d_ff": args.d_ff, "block": 64, "batch": 12,
                    "iters": args.iters, "lr": args.lr, "min_lr": args.min_lr, "warmup": args.warmup,
                    "norm_first": args.norm_first, "precision": args.precision},
@@ -214,7 +213,6 @@ def main():
         "valid_loss_estimate_20_batches": round(state["valid_loss"], 4),
         "valid_loss_full_split": round(full_valid, 4),
         "nanogpt_replica": replica,
-        "machine": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
     }, indent=2))
 
 

@@ -15,19 +15,18 @@ second, parameters, and the key/value cache's bytes per token of context in floa
 import argparse
 import dataclasses
 import json
-import platform
 import statistics
-from datetime import date
 from pathlib import Path
 
 import torch
 
 from benchmarks.lm.lm_reference import step_times
-from lib.core.config import load_params
+from lib.core.text import load_params
 from lib.tasks.params import stage_config
 from transformer.model import build_model, parameter_counts
 from lib.train.training import weight_decay_groups
 from lib.model.device import resolve_precision
+from tools.results import header
 
 ROOT = Path(__file__).resolve().parents[2]
 VOCAB = 69  # tiny-shakespeare's 65 characters and the 4 special tokens
@@ -70,8 +69,7 @@ def main():
         results[name] = {"changes": VARIANTS[name], "ms_per_step": round(1000 * step, 1),
                          "tokens_per_s": round(tokens_a_step / step), "parameters": parameter_counts(model)["total"],
                          "cache_bytes_per_token": 2 * m.decoder_layers * m.kv_heads * m.head_dim * 4}
-    print(json.dumps({"date": date.today().isoformat(), "machine": platform.processor() or platform.machine(),
-                      "threads": torch.get_num_threads(), "torch": torch.__version__, "precision": precision,
+    print(json.dumps({**header("lm_variants"), "precision": precision,
                       "steps": args.steps, "rounds": args.rounds, "variants": results}, indent=1))
 
 

@@ -13,10 +13,8 @@ takes on the ids of a decoding step (B, 1) and of a training batch (B, T).
 
 import argparse
 import json
-import platform
 import time
 from collections import Counter
-from datetime import date
 from pathlib import Path
 
 import torch
@@ -26,6 +24,7 @@ from lib.use.inference import load
 from transformer.masks import padding_mask, target_mask
 from transformer.layers import Embedding
 from lib.data.tokenizer import encode_pairs, special_ids
+from tools.results import header
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -78,7 +77,7 @@ def main():
         ids = torch.randint(0, embed.tokens.num_embeddings, shape)
         took = timed(lambda: [check(embed, ids, 0) for _ in range(repeats)])[0]
         per_call["x".join(map(str, shape))] = round(1e6 * took / repeats, 2)
-    print(json.dumps({"date": date.today().isoformat(), "machine": platform.processor() or platform.machine(),
+    print(json.dumps({**header("id_check_cost"),
                       "sentences": len(sources), "train_batches": len(batches), "check_ids_us": per_call, **{
                           name: {"checked_s": round(min(seconds[name, True]), 3),
                                  "unchecked_s": round(min(seconds[name, False]), 3),

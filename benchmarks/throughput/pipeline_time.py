@@ -8,16 +8,14 @@ test metrics. It rebuilds every stage of the enabled tasks in place.
 
 import argparse
 import json
-import platform
 import subprocess
 import sys
 import time
-from datetime import date
 from pathlib import Path
 
-import torch
 
-from lib.core.config import load_params
+from lib.core.text import load_params
+from tools.results import header
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,9 +30,7 @@ def main():
     seconds = time.perf_counter() - start
     metrics = {t: json.loads((ROOT / "reports" / t / "metrics.json").read_text()) for t in tasks}
     print(json.dumps({
-        "benchmark": "pipeline_time", "date": date.today().isoformat(), "seconds": round(seconds, 1),
-        "tasks": tasks, "metrics": metrics, "machine": platform.processor() or platform.machine(),
-        "threads": torch.get_num_threads(), "torch": torch.__version__,
+        **header("pipeline_time"), "seconds": round(seconds, 1), "tasks": tasks, "metrics": metrics,
     }, indent=2))
 
 

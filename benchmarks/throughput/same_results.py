@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from lib.core.config import load_params, parse_yaml
+from lib.core.text import load_params, parse_yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("lib", "stages", "transformer")
@@ -58,6 +58,8 @@ def run_tree(tree: Path, scratch: Path, task: str, args) -> dict:
         steps.append(["evaluate", task, "--data", data, "--tokenizer", tok, "--model", model, "--metrics",
                       f"reports/{task}/metrics.json", "--samples", f"reports/{task}/samples.jsonl", "--lengths",
                       f"reports/{task}/by_length.csv"])
+        if '"generation"' in (tree / "stages" / "evaluate.py").read_text():  # a tree whose evaluate writes it
+            steps[-1] += ["--generation", f"models/{task}/generation.json"]
     seconds = {}
     for stage, *argv in steps:
         start = time.perf_counter()

@@ -11,11 +11,9 @@ Prints one JSON object: each part's seconds, its share, and the whole projected 
 
 import argparse
 import json
-import platform
 import resource
 import tempfile
 import time
-from datetime import date
 from itertools import chain
 from pathlib import Path
 
@@ -26,6 +24,7 @@ import yaml
 from benchmarks.wmt14.scale import multi30k_pairs, write_corpus
 from lib.core.config import TokenizeConfig
 from lib.data.tokenizer import train_tokenizer
+from tools.results import header
 
 ROOT = Path(__file__).resolve().parents[2]
 WMT14_PAIRS = 4_508_785
@@ -79,8 +78,7 @@ def main():
                     sentences += len(side)
     total = sum(parts.values())
     print(json.dumps({
-        "benchmark": "wmt14_encode_cost", "date": str(date.today()), "machine": platform.processor() or
-        platform.machine(), "pairs": args.pairs, "sentences": sentences,
+        **header("wmt14_encode_cost"), "pairs": args.pairs, "sentences": sentences,
         "seconds": {name: round(value, 2) for name, value in parts.items()},
         "share": {name: round(value / total, 3) for name, value in parts.items()},
         "encode_cores_busy": round(encode_cpu / parts["encode"], 2),

@@ -14,19 +14,19 @@ seconds train takes to its first step.
 import argparse
 import gzip
 import json
-import platform
 import random
 import re
 import subprocess
 import sys
 import tempfile
 import time
-from datetime import date
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
+
+from tools.results import header
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARD_ROWS = 500_000  # rows per synthetic parquet file, as the hub splits its train split
@@ -124,8 +124,7 @@ def main():
         [python, "-m", "stages.train", "wmt14", "--data", str(work / "data"), "--tokenizer", str(work / "tokenizer"),
          "--model", str(work / "model.pt"), "--checkpoints", str(work / "checkpoints"), "--live", str(work / "live"),
          "--params", str(work / "small.yaml")], work / "live" / "plots" / "metrics" / "train" / "loss.tsv", ROOT)
-    print(json.dumps({"benchmark": "wmt14_scale", "date": str(date.today()), "machine": platform.processor() or
-                      platform.machine(), "pairs": args.pairs, "corpus_built_s": built, "corpus_bytes": size(
+    print(json.dumps({**header("wmt14_scale"), "pairs": args.pairs, "corpus_built_s": built, "corpus_bytes": size(
                           work / "hub"), "stages": figures,
                       "cleaning": json.loads((work / "data" / "cleaning.json").read_text())["train"]}, indent=1))
 

@@ -23,12 +23,15 @@ from lib.data.pairs import Pairs, read_split, read_text
 from lib.core.files import atomic_path
 from transformer.greedy import Hypothesis, check_alpha
 from transformer.sampling import sampled
+from lib.evaluate.options import write_defaults
 from lib.evaluate.decode import score_outputs, translate_n_best
 from lib.model.translate import greedy_translate
 from lib.model.metrics import perplexity
 from lib.model.losses import mean_loss
 from lib.model.lengths import check_evaluated_lengths
-from lib.tasks import evaluated_splits, get_task
+from lib.evaluate.by_length import extra_split_metrics, score_by_source_length
+from lib.tasks import get_task
+from lib.tasks.base import Task
 from lib.data.tokenizer import continuation, decode, encode_pairs, encode_text, lm_ids, special_ids
 
 
@@ -52,9 +55,19 @@ def search_or_model(found: list[Hypothesis], references: list[Hypothesis]) -> di
 
 
 def write_outputs(metrics: dict, samples: pd.DataFrame, by_length: pd.DataFrame, metrics_path, samples_path,
+                  lengths_path, cfg, generation_path=None):
+    """All written beside their places, then moved in together: a failure writing any (a full disk) leaves the
+    last run's set, never new samples beside old metrics. ``generation_path``: the decoding settings of ``cfg``
+    (generation.json, beside the model), the defaults a user of the model then decodes with."""
+    if generation_path is None:
+        return write_results(metrics, samples, by_length, metrics_path, samples_path, lengths_path)
+    with atomic_path(generation_path) as settings_tmp:
+        write_defaults(settings_tmp, cfg)
+        write_results(metrics, samples, by_length, metrics_path, samples_path, lengths_path)
+
+
+def write_results(metrics: dict, samples: pd.DataFrame, by_length: pd.DataFrame, metrics_path, samples_path,
                   lengths_path):
-    """All three written beside their places, then moved in together: a failure writing any (a full disk)
-    leaves the last run's set, never new samples beside old metrics."""
     with atomic_path(samples_path) as samples_tmp:
         samples.to_json(samples_tmp, orient="records", lines=True, force_ascii=False)
         with atomic_path(lengths_path) as lengths_tmp:
@@ -64,11 +77,11 @@ def write_outputs(metrics: dict, samples: pd.DataFrame, by_length: pd.DataFrame,
 
 
 def evaluate_seq2seq(task, cfg: EvaluateConfig, data_dir, tokenizer_dir, model_path, metrics_path, samples_path,
-                     lengths_path):
+                     lengths_path, generation_path=None):
     device = torch.device("cpu")
-    module = get_task(task)
+    chosen = get_task(task)
     model, tokenizers, _ = checkpoint.load_trained(model_path, tokenizer_dir, device, task)
-    frames = {split: read_split(data_dir, split) for split in evaluated_splits(task)}
+    frames = {split: read_split(data_dir, split) for split in chosen.evaluated_splits}
     encoded = {split: encode_pairs(tokenizers, frame) for split, frame in frames.items()}
     check_evaluated_lengths(task, encoded, model.cfg.max_len)  # the data of another run, by hand
     if cfg.beam_size > 1:  # greedy search has no length penalty; beam search's is bounded by the model's max_len
@@ -94,37 +107,36 @@ def evaluate_seq2seq(task, cfg: EvaluateConfig, data_dir, tokenizer_dir, model_p
                                                                    cfg.max_extra_tokens, beam_size, alpha)]
         seconds = time.perf_counter() - started
         outputs[name] = decode(tokenizers.target, [h.tokens for h in found])
-        metrics[name] = {**module.score(outputs[name], references), "seconds": seconds,
+        metrics[name] = {**chosen.score(outputs[name], references), "seconds": seconds,
                          "sentences_per_s": len(test) / seconds,
                          **search_or_model(found, [r.with_alpha(alpha) for r in scored_references])}
         if beam_size > 1:
             metrics[name]["alpha"] = cfg.alpha
-    if hasattr(module, "breakdown"):  # e.g. multi30k's BLEU by source length
-        by_length = module.breakdown(test["src"].tolist(), outputs["greedy"], references)
     # Every test example; the report shows the first n and the worst n by the task's per-example score.
-    samples = sample_rows(module, "test", test, outputs["greedy"])
+    samples = sample_rows(chosen, "test", test, outputs["greedy"])
     samples = samples.assign(first=test.index < cfg.n_samples,
                              worst=samples["score"].rank(method="first").lt(cfg.n_samples + 1),
                              **{name: texts for name, texts in outputs.items() if name != "greedy"})  # beam's
-    extra = getattr(module, "EXTRA_SPLIT", None)  # e.g. cumsum's length study: exact match by length
-    if extra:
+    if extra := chosen.extra_split:  # cumsum's length study: exact match at every length
         frame = frames[extra]
         hypotheses = greedy_texts(model, encoded[extra], ids, tokenizers.target, cfg)
-        split_scores, by_length = module.split_metrics(frame, hypotheses, test)
+        split_scores, by_length = extra_split_metrics(frame, hypotheses, test)
         metrics.update(split_scores)
-        rows = sample_rows(module, extra, frame, hypotheses).assign(first=False, worst=False)
+        rows = sample_rows(chosen, extra, frame, hypotheses).assign(first=False, worst=False)
         samples = pd.concat([samples, rows], ignore_index=True)
-    write_outputs(metrics, samples, by_length, metrics_path, samples_path, lengths_path)
+    else:  # multi30k's BLEU by source length
+        by_length = score_by_source_length(chosen, test["src"].tolist(), outputs["greedy"], references)
+    write_outputs(metrics, samples, by_length, metrics_path, samples_path, lengths_path, cfg, generation_path)
     return metrics
 
 
-def sample_rows(module, split: str, frame: pd.DataFrame, hypotheses: list[str]) -> pd.DataFrame:
+def sample_rows(chosen: Task, split: str, frame: pd.DataFrame, hypotheses: list[str]) -> pd.DataFrame:
     """samples.jsonl's rows for one split: each source with its reference and greedy output, scored."""
     references = frame["tgt"].tolist()
     return pd.DataFrame({
         "split": split, "source": frame["src"].tolist(), "reference": references, "greedy": hypotheses,
         "correct": [h == r for h, r in zip(hypotheses, references)],
-        "score": [module.sentence_score(h, r) for h, r in zip(hypotheses, references)],
+        "score": [chosen.sentence_score(h, r) for h, r in zip(hypotheses, references)],
     })
 
 
@@ -179,7 +191,7 @@ def loss_by_length(totals: torch.Tensor, counts: torch.Tensor) -> pd.DataFrame:
 
 
 def evaluate_lm(task, cfg: LMEvaluateConfig, data_dir, tokenizer_dir, model_path, metrics_path, samples_path,
-                lengths_path):
+                lengths_path, generation_path=None):
     model, tokenizers, state = checkpoint.load_trained(model_path, tokenizer_dir, task=task)
     tokenizer = tokenizers.target
     text = read_text(data_dir, "valid")
@@ -199,11 +211,15 @@ def evaluate_lm(task, cfg: LMEvaluateConfig, data_dir, tokenizer_dir, model_path
         tokens = sampled(model, prompt_ids, cfg.max_new_tokens, cfg.temperature, cfg.top_k, generator,
                          state["block_size"], cfg.top_p)
         rows.append({"prompt": prompt, "sample": "".join(continuation(tokenizer, prompt_ids, tokens))})
-    write_outputs(metrics, pd.DataFrame(rows), by_length, metrics_path, samples_path, lengths_path)
+    write_outputs(metrics, pd.DataFrame(rows), by_length, metrics_path, samples_path, lengths_path, cfg,
+                  generation_path)
     return metrics
 
 
-def run(task, cfg, data_dir, tokenizer_path, model_path, metrics_path, samples_path, lengths_path) -> dict:
-    """The evaluate stage, for the task's kind."""
-    evaluate = evaluate_lm if get_task(task).KIND == "lm" else evaluate_seq2seq
-    return evaluate(task, cfg, data_dir, tokenizer_path, model_path, metrics_path, samples_path, lengths_path)
+def run(task, cfg, data_dir, tokenizer_path, model_path, metrics_path, samples_path, lengths_path,
+        generation_path=None) -> dict:
+    """The evaluate stage, for the task's kind; with ``generation_path``, the settings it decoded with
+    (generation.json), which a user of the model decodes with by default."""
+    evaluate = evaluate_lm if get_task(task).kind == "lm" else evaluate_seq2seq
+    return evaluate(task, cfg, data_dir, tokenizer_path, model_path, metrics_path, samples_path, lengths_path,
+                    generation_path)

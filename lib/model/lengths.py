@@ -32,7 +32,7 @@ def check_evaluated_lengths(task: str, splits: dict[str, Pairs], max_len: int):
     evaluate has no pair it may drop: a ConfigError naming the longest, before training rather than after it."""
     for split, pairs in splits.items():
         if (longest := max(pairs.widths())) > max_len:
-            sets = getattr(get_task(task), "EXTRA_SPLIT_LONGEST", None) if split != "test" else None
+            sets = get_task(task).extra_split_longest if split != "test" else None
             raise ConfigError(f"train.model.max_len: {max_len} is shorter than the longest {split} sequence ({longest} "
                               "tokens), which the evaluate stage decodes and scores; raise it"
                               + (f", or lower {task}.{sets}" if sets else "")

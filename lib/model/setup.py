@@ -42,7 +42,7 @@ class Trainee:
 
 def set_up(task: str, cfg, tokenizer_dir) -> Trainee:
     """The Trainee of train config ``cfg``: the same weights in every process, dropout masks of its own."""
-    kind = get_task(task).KIND
+    kind = get_task(task).kind
     device, ctx = open_device(cfg.device)
     tokenizers = load_tokenizers(tokenizer_dir)
     ids = special_ids(tokenizers)

@@ -11,7 +11,7 @@ import pandas as pd
 import torch
 
 from lib.data.pairs import collate
-from lib.report.figures import attention_maps, token_strings, visible
+from lib.report.attention_maps import attention_maps, token_strings, visible
 from lib.data.tokenizer import encode_pairs, encode_text, special_ids
 
 VIEW_EXAMPLES = 32  # at most: the first test examples and the worst, alternately

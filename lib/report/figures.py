@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
-from transformer.masks import padding_mask, target_mask  # noqa: E402
+from lib.report.attention_maps import token_strings  # noqa: E402
 
 
 def plot_losses(curves: dict[str, pd.DataFrame | None], out: Path, floor: float = 0.0):
@@ -89,27 +89,6 @@ def plot_attention_grid(weights: list[torch.Tensor], rows: list[str], cols: list
     fig.suptitle(title, fontsize=11)
     fig.savefig(out, dpi=110, bbox_inches="tight")  # long sub-word labels are never clipped
     plt.close(fig)
-
-
-def visible(token: str) -> str:
-    """A label that shows whitespace tokens."""
-    return {" ": "␣", "\n": "⏎", "\t": "⇥"}.get(token, token)
-
-
-@torch.no_grad()
-def attention_maps(model, batch, ids) -> tuple[dict[str, list[torch.Tensor]], torch.Tensor]:
-    """Teacher-forced attention of a batch, per layer: encoder self (B, H, S, S),
-    decoder self (B, H, T, T) and cross (B, H, T, S), straight from the forward;
-    and the token the model finds likeliest at each decoder position (B, T)."""
-    src_mask = padding_mask(batch.src, ids.pad)
-    memory, encoder = model.encode(batch.src, src_mask)
-    hidden, decoder = model.decode(batch.tgt_in, memory, target_mask(batch.tgt_in, ids.pad), src_mask)
-    maps = {
-        "encoder self-attention": encoder,
-        "decoder self-attention": [self_w for self_w, _ in decoder],
-        "cross-attention": [cross for _, cross in decoder],
-    }
-    return maps, model.generator(hidden).argmax(dim=-1)
 
 
 SEQ2SEQ_AXES = {
@@ -205,20 +184,16 @@ def plot_loss_by_length(by_length: pd.DataFrame, out: Path):
     plt.close(fig)
 
 
-def plot_bleu_by_length(bleu_by_length: dict, counts: dict, out: Path):
-    """One bar per group of source lengths, labelled with its number of sentences."""
-    groups = list(bleu_by_length)
+def plot_score_by_length(score_by_length: dict, counts: dict, out: Path, name: str = "bleu"):
+    """One bar per group of source lengths, labelled with its number of sentences: the task's score ``name``."""
+    groups = list(score_by_length)
     fig, ax = plt.subplots(figsize=(7, 3.5))
-    bars = ax.bar(groups, [bleu_by_length[g] for g in groups], color="tab:blue")
+    bars = ax.bar(groups, [score_by_length[g] for g in groups], color="tab:blue")
     ax.bar_label(bars, labels=[f"n={counts.get(g, 0)}" for g in groups], fontsize=8)
-    ax.set(xlabel="source length (words)", ylabel="sacreBLEU, greedy", title="BLEU by source length")
+    shown = "sacreBLEU" if name == "bleu" else name.replace("_", " ")
+    ax.set(xlabel="source length (words)", ylabel=f"{shown}, greedy", title=f"{shown} by source length")
     ax.margins(y=0.12)  # room for the labels above the bars
     ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
-
-
-def token_strings(tokenizer, ids: torch.Tensor) -> list[str]:
-    return [tokenizer.id_to_token(t) for t in ids.tolist()]
-

@@ -40,7 +40,7 @@ def json_script(element_id: str, data) -> str:
 
 
 def headline(patterns: tuple[str, ...], metrics: dict) -> dict[str, float | int | str]:
-    """The metrics a task names in ``HEADLINE`` (dotted keys of metrics.json; ``*`` matches any beam width)."""
+    """The metrics a task names in ``headline`` (dotted keys of metrics.json; ``*`` matches any beam width)."""
     flat = flatten(metrics)
     return {key: value for pattern in patterns for key, value in flat.items() if fnmatch(key, pattern)}
 

@@ -8,25 +8,24 @@ import io
 import json
 import logging
 from pathlib import Path
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import pandas as pd
-import torch
 
 from lib.model import checkpoint
 from lib.core import files
-from lib.report.attention_view import lm_summary, lm_view, seq2seq_summary, seq2seq_view, summary_lines
+from lib.report.attention_view import lm_view, seq2seq_view
 from lib.report.captions import curves_caption, model_line, model_section, stalled_caption, validation_caption
 from lib.core.config import ConfigError, flatten
 from lib.train.curves import CURVES, read_curves
-from lib.data.pairs import collate, read_split, read_text
-from lib.report.figures import (attention_maps, pair_heatmaps, plot_accuracy_by_value, plot_attention_grid,
-                         plot_bleu_by_length, plot_by_length, plot_loss_by_length, plot_losses, plot_valid_score,
-                         token_strings, visible)
+from lib.data.pairs import read_text
+from lib.report.figures import (plot_losses, plot_valid_score)
 from lib.core.files import not_as_written
 from lib.report.pages import card_html, headline, report_html
+from lib.report.sections import lm_sections, seq2seq_sections
 from lib.tasks import get_task
-from lib.data.tokenizer import encode_pairs, encode_text, special_ids
+from lib.tasks.base import Task
 from transformer.loss import smoothed_loss_floor
 
 log = logging.getLogger(__name__)
@@ -135,152 +134,45 @@ def losses_table(curves: dict) -> pd.DataFrame:
     return pd.concat(parts)[["step", "split", "value"]].rename(columns={"value": "loss"})
 
 
-def breaking_section(module, model, tokenizers, by_length: dict, samples: pd.DataFrame, trained: tuple[int, int],
-                     figures_dir: Path, rel: Path) -> list[str]:
-    """The first wrong sequence of the length where the model breaks (``module.breaking_length``), with
-    the attention that wrote its greedy output: the model teacher-forced on that output, so that each
-    decoder row is the step that chose its token."""
-    lines = ["## Where it breaks", ""]
-    length = module.breaking_length(by_length)
-    if length is None:
-        return lines + ["Every sequence of every length studied comes out exact.", ""]
-    study = samples[samples["split"] == module.EXTRA_SPLIT]
-    example = study[study["source"].str.split().str.len().eq(length) & ~study["correct"]].iloc[0]
-    ids = special_ids(tokenizers)
-    # The same source twice: with the model's output as the target, then with the reference.
-    pairs = encode_pairs(tokenizers, pd.DataFrame({"src": [example.source] * 2,
-                                                   "tgt": [example.greedy, example.reference]}))
-    batch = collate(pairs, [0], ids)
-    maps, likeliest = attention_maps(model, batch, ids)
-    T = len(pairs.tgt[0]) + 1  # the output and its <eos>
-    expected = pairs.tgt[1] + [ids.eos]
-    said = likeliest[0, :T].tolist()  # the greedy output and its <eos>, as the decoder chose them
-    red = frozenset(t for t, token in enumerate(said) if t >= len(expected) or token != expected[t])
-    share = module.lengths_as_numbers(by_length)[length]
-    lines += [f"At length {length}, exact match is {share:.2f} (the model trained on lengths {trained[0]}-"
-              f"{trained[1]}). The first wrong sequence of that length:", "",
-              pd.DataFrame({"": ["source", "reference", "greedy output"],
-                            "tokens": [f"`{example.source}`", f"`{example.reference}`",
-                                       f"`{example.greedy}`" if example.greedy else "(empty)"]}
-                           ).to_markdown(index=False), "",
-              "The attention that wrote that output: the model teacher-forced on its own greedy output, so "
-              "each decoder row is the step that chose its token. Red rows chose a token other than the "
-              "reference's.", ""]
-    return lines + pair_heatmaps(maps, batch, pairs, 0, tokenizers, f"length {length}, wrong", "breaks", figures_dir,
-                                 rel, likeliest[0, :T], red)
+@dataclass(frozen=True)
+class ReportPaths:
+    """What the report stage reads and writes, named by the --option dvc.yaml passes each as. page, card and
+    scores default to report.html, card.html and valid_score.csv beside ``out`` (report.md)."""
+
+    data: Path  # the prepared splits
+    tokenizer: Path
+    model: Path  # model.pt
+    metrics: Path  # the evaluate stage's metrics.json, samples.jsonl and by_length.csv
+    samples: Path
+    lengths: Path
+    live: Path  # the train stage's curves
+    out: Path  # report.md
+    figures: Path  # a directory, written whole
+    losses: Path  # losses.csv
+    page: Path | None = None
+    card: Path | None = None
+    scores: Path | None = None
 
 
-def value_section(table: pd.DataFrame, figures_dir: Path, rel: Path) -> list[str]:
-    """cumsum's accuracy by target value and by how often the value occurs in training."""
-    plot_accuracy_by_value(table, figures_dir / "accuracy_by_value.png")
-    weak = [f"{row.value} ({row.accuracy:.2f}, seen {row.train_count} times in training)"
-            for row in table[table["accuracy"] < 0.99].itertuples()]
-    said = f"The values below 99%: {', '.join(weak)}." if weak else \
-        "Every target value comes out right at least 99% of the time."
-    return ["## Accuracy by target value", "",
-            "Greedy token accuracy on the test split by the value of the target token, and against how often "
-            "that value is a target token in training (a point's area: its test tokens). Large sums are rare in "
-            f"training; a model short of them falls back to a common one. {said}", "",
-            f"![accuracy by target value]({rel}/accuracy_by_value.png)", ""]
-
-
-def seq2seq_sections(module, cfg, data_dir, tokenizers, model, metrics, samples, by_length: pd.DataFrame,
-                     figures_dir: Path, rel: Path):
-    """``module``: the task's, which reads the score by length its evaluate stage wrote (cumsum's exact match
-    by digits, multi30k's BLEU by source words)."""
-    ids = special_ids(tokenizers)
-    pairs = encode_pairs(tokenizers, read_split(data_dir, "test").head(cfg.n_attention_examples))  # the drawn ones
-    examples = list(range(len(pairs)))
-    batch = collate(pairs, examples, ids)
-    maps, _ = attention_maps(model, batch, ids)
-    lines = ["## Attention", "",
-             "For each example, one panel per layer (rows) and head (columns). Rows of a panel: the "
-             "decoder position, labelled by the token it predicts (encoder: the source token); columns: "
-             "the tokens it reads. Decoder self-attention is empty above the diagonal: no position sees "
-             "the future.", ""]
-    for i in examples:
-        src = token_strings(tokenizers.source, batch.src[i, :len(pairs.src[i])])
-        lines += [f"### Test example {i + 1}: `{' '.join(src)}`", ""]
-        lines += pair_heatmaps(maps, batch, pairs, i, tokenizers, f"test example {i + 1}", str(i + 1), figures_dir,
-                               rel)
-    if "exact_match" in by_length.columns:
-        shares = dict(zip(by_length["length"].astype(int), by_length["exact_match"]))
-        train_lengths = read_split(data_dir, "train")["src"].str.split().str.len()
-        trained = (train_lengths.min(), train_lengths.max())
-        plot_by_length(shares, trained, figures_dir / "by_length.png")
-        lines += ["## Accuracy by sequence length", "",
-                  "Exact-sequence match on held-out sequences of every length, including lengths "
-                  f"longer than any seen in training ({trained[0]}-{trained[1]}). Most sequences of every length "
-                  f"from {trained[0]} up to {metrics['exact_up_to_length']} come out exact (`exact_up_to_length`).",
-                  "",
-                  f"![accuracy by length]({rel}/by_length.png)", ""]
-        lines += breaking_section(module, model, tokenizers, shares, samples, trained, figures_dir,
-                                  rel)
-        lines += value_section(module.accuracy_by_value(samples, read_split(data_dir, "train")), figures_dir, rel)
-    if "bleu" in by_length.columns:
-        plot_bleu_by_length(dict(zip(by_length["group"], by_length["bleu"])),
-                            dict(zip(by_length["group"], by_length["sentences"])), figures_dir / "bleu_by_length.png")
-        lines += ["## BLEU by source length", "",
-                  "Greedy sacreBLEU of the test sentences, grouped by the length of their source in words "
-                  "(n: the sentences in a group).", "", f"![BLEU by source length]({rel}/bleu_by_length.png)", ""]
-    lines += summary_lines(seq2seq_summary(model, tokenizers, read_split(data_dir, "test")),
-                           "the source's <eos> (decoder self-attention: <bos>)", "test split, teacher-forced")
-    columns = ["source", "reference", "greedy", *[c for c in samples.columns if c.startswith("beam")], "correct"]
-    lines += ["## First test examples", "", samples[samples["first"]][columns].to_markdown(index=False), ""]
-    # The worst the evaluate stage kept, by the task's score: only the wrong outputs among them
-    worst = samples[samples["worst"] & ~samples["correct"].astype(bool)].sort_values("score", kind="stable")
-    lines += ["## Worst test examples", "", worst[columns].to_markdown(index=False) if len(worst) else
-              "Every test output is correct: there is no wrong one to show.", ""]
-    return lines
-
-
-@torch.no_grad()
-def lm_sections(cfg, data_dir, tokenizers, model, samples, by_length: pd.DataFrame, figures_dir: Path, rel: Path,
-                block_size: int):
-    tokenizer = tokenizers.target
-    ids = encode_text(tokenizer, read_text(data_dir, "valid"))[: cfg.passage_tokens]  # (T,)
-    _, layers = model.forward_with_attention(ids[None])  # per layer (1, H, T, T)
-    labels = [visible(token) for token in token_strings(tokenizer, ids)]
-    name = "self_attention.png"
-    plot_attention_grid([w[0] for w in layers], labels, labels,
-                        "Self-attention over the start of the validation text", figures_dir / name)
-    lines = ["## Self-attention", "",
-             "Rows: the position predicting the next token; columns: the positions it reads. "
-             "The upper triangle is empty: no position sees the future.", "",
-             f"![self-attention]({rel}/{name})", ""]
-    lines += summary_lines(lm_summary(model, tokenizer, read_text(data_dir, "valid"), block_size),
-                           "the block's first token", "validation text's first blocks")
-    plot_loss_by_length(by_length, figures_dir / "loss_by_length.png")
-    lines += ["## Loss by context length", "",
-              "Validation loss of the tokens predicted after reading 1, 2, ... tokens of their block: the "
-              "first few characters of a block are guessed almost blind.", "",
-              f"![loss by context length]({rel}/loss_by_length.png)", "", "## Samples", ""]
-    for row in samples.itertuples():
-        lines += [f"Prompt `{row.prompt!r}`:", "", "```", row.prompt + row.sample, "```", ""]
-    return lines
-
-
-def run(task, cfg, data_dir, tokenizer_dir, model_path, metrics_path, samples_path, lengths_path, live_dir,
-        report_path, figures_dir, losses_path, page_path=None, card_path=None, scores_path=None):
+def run(task, cfg, paths: ReportPaths):
     """Draw the figures into a fresh directory and write report.md, report.html, card.html, losses.csv and
-    valid_score.csv (by default the last three beside report.md) beside their places; then all go into place
-    together: an error or Ctrl-C half way (a full disk writing report.md too) leaves the previous report and
-    its figures as they were, and a report with fewer figures than the last leaves none of the last's behind."""
-    report_path, figures_dir = Path(report_path), Path(figures_dir)
-    page_path = Path(page_path or report_path.with_suffix(".html"))
-    card_path = card_path or report_path.parent / "card.html"
-    scores_path = scores_path or report_path.parent / "valid_score.csv"
+    valid_score.csv beside their places; then all go into place together: an error or Ctrl-C half way (a full
+    disk writing report.md too) leaves the previous report and its figures as they were, and a report with fewer
+    figures than the last leaves none of the last's behind."""
+    report_path, figures_dir = Path(paths.out), Path(paths.figures)
+    page_path = Path(paths.page or report_path.with_suffix(".html"))
+    card_path = paths.card or report_path.parent / "card.html"
+    scores_path = paths.scores or report_path.parent / "valid_score.csv"
     rel = figures_dir.relative_to(report_path.parent)
     if page_path.parent.resolve() != report_path.parent.resolve():
         raise ValueError(f"--page {page_path}: not beside --out {report_path}, whose figures it shows")
     with files.atomic_dir(figures_dir) as drawing:
-        report = report_lines(task, cfg, data_dir, tokenizer_dir, model_path, metrics_path, samples_path,
-                              lengths_path, Path(live_dir), drawing, rel)
+        report = report_lines(task, cfg, paths, drawing, rel)
         markdown = "\n".join(report.lines)
         before, after = "\n".join(report.lines[:report.view_at]), "\n".join(report.lines[report.view_at:])
-        card = card_html(task, report.summary, headline(get_task(task).HEADLINE, report.metrics))
+        card = card_html(task, report.summary, headline(get_task(task).headline, report.metrics))
         files.written_together([
-            (losses_path, lambda tmp: losses_table(read_curves(Path(live_dir))).to_csv(tmp, index=False)),
+            (paths.losses, lambda tmp: losses_table(read_curves(Path(paths.live))).to_csv(tmp, index=False)),
             (scores_path, lambda tmp: report.scores.to_csv(tmp, index=False)),
             (report_path, lambda tmp: tmp.write_text(markdown)),
             (page_path, lambda tmp: tmp.write_text(report_html(f"{task}: report", before, after, report.view))),
@@ -296,11 +188,11 @@ class Report(NamedTuple):
     summary: str  # what model.pt holds, in a line
 
 
-def valid_score_table(live_dir: Path, module) -> pd.DataFrame:
-    """valid_score.csv, the plot of the validation score (step, [epoch,] score): the task's ``VALID_SCORE``
+def valid_score_table(live_dir: Path, chosen: Task) -> pd.DataFrame:
+    """valid_score.csv, the plot of the validation score (step, [epoch,] score): the task's ``valid_score``
     logged after each epoch (a translation task), or the validation loss (an LM). No rows: none was logged
     (train.valid_score false)."""
-    name = getattr(module, "VALID_SCORE", "loss")
+    name = chosen.valid_score or "loss"
     curves = read_curves(live_dir, (f"valid/{name}", "epoch"))
     curve = curves[f"valid/{name}"]
     if curve is None:
@@ -312,15 +204,15 @@ def valid_score_table(live_dir: Path, module) -> pd.DataFrame:
     return table
 
 
-def report_lines(task, cfg, data_dir, tokenizer_dir, model_path, metrics_path, samples_path, lengths_path,
-                 live_dir: Path, figures_dir: Path, rel: Path) -> Report:
+def report_lines(task, cfg, paths: ReportPaths, figures_dir: Path, rel: Path) -> Report:
     """report.md's lines, drawing its figures into ``figures_dir``, which the report links as ``rel``, and the
     attention view of report.html."""
-    module = get_task(task)
-    metrics, samples = read_metrics(metrics_path), read_samples(samples_path, module.KIND)
-    by_length = read_lengths(lengths_path)
-    model, tokenizers, state = checkpoint.load_trained(model_path, tokenizer_dir, task=task)
-    if module.KIND == "lm" and cfg.passage_tokens > state["block_size"]:  # checked before anything is drawn
+    data_dir, live_dir = paths.data, Path(paths.live)
+    chosen = get_task(task)
+    metrics, samples = read_metrics(paths.metrics), read_samples(paths.samples, chosen.kind)
+    by_length = read_lengths(paths.lengths)
+    model, tokenizers, state = checkpoint.load_trained(paths.model, paths.tokenizer, task=task)
+    if chosen.kind == "lm" and cfg.passage_tokens > state["block_size"]:  # checked before anything is drawn
         raise ConfigError(f"report.passage_tokens: {cfg.passage_tokens} is longer than the blocks the model "
                           f"was trained on (train.block_size {state['block_size']})")
 
@@ -333,8 +225,8 @@ def report_lines(task, cfg, data_dir, tokenizer_dir, model_path, metrics_path, s
                                 "(run the train stage first)")
     plot_losses(curves, figures_dir / "loss.png", floor)
     first_loss = curves["train/loss"]["value"].iloc[0]
-    validation = validation_caption(curves["valid/loss"], module.KIND)
-    stalled = stalled_caption(curves["train/loss"], curves["train/lr"], state["tgt_vocab_size"], module.KIND)
+    validation = validation_caption(curves["valid/loss"], chosen.kind)
+    stalled = stalled_caption(curves["train/loss"], curves["train/lr"], state["tgt_vocab_size"], chosen.kind)
     lines = [
         f"# {task}: report", "",
         model_line(state), "",
@@ -346,22 +238,22 @@ def report_lines(task, cfg, data_dir, tokenizer_dir, model_path, metrics_path, s
         *([stalled, ""] if stalled else []),
         *([validation, ""] if validation else []),
     ]
-    scores = valid_score_table(live_dir, module)
+    scores = valid_score_table(live_dir, chosen)
     if "epoch" in scores.columns and len(scores):
-        plot_valid_score(scores, module.VALID_SCORE, figures_dir / "valid_score.png")
-        best = scores.loc[scores[module.VALID_SCORE].idxmax()]
+        plot_valid_score(scores, chosen.valid_score, figures_dir / "valid_score.png")
+        best = scores.loc[scores[chosen.valid_score].idxmax()]
         lines += ["## Validation score by epoch", "",
                   f"The task's score of the greedy outputs of the validation split after each epoch ("
-                  f"{module.VALID_SCORE}; train.valid_score), best {best[module.VALID_SCORE]:.4f} after epoch "
+                  f"{chosen.valid_score}; train.valid_score), best {best[chosen.valid_score]:.4f} after epoch "
                   f"{int(best['epoch'])}. It can keep rising after the validation loss stops falling.", "",
                   f"![validation score by epoch]({rel}/valid_score.png)", ""]
     view_at = len(lines)
-    if module.KIND == "lm":
+    if chosen.kind == "lm":
         lines += lm_sections(cfg, data_dir, tokenizers, model, samples, by_length, figures_dir, rel,
                              state["block_size"])
         view = lm_view(model, tokenizers.target, read_text(data_dir, "valid"), cfg.passage_tokens)
     else:
-        lines += seq2seq_sections(module, cfg, data_dir, tokenizers, model, metrics, samples, by_length,
+        lines += seq2seq_sections(chosen, cfg, data_dir, tokenizers, model, metrics, samples, by_length,
                                   figures_dir, rel)
         view = seq2seq_view(model, tokenizers, samples)
     return Report(lines, view_at, view, metrics, scores, model_line(state))

@@ -14,8 +14,12 @@ import time
 import traceback
 
 from lib.core import signals
-from lib.core.config import ConfigError, flatten, load_params
+from lib.core.config import ConfigError, flatten
+from lib.core.text import load_params
 from lib.core.files import check_readable, check_replaceable, check_writable, placed, written_by
+from lib.data.sources import MANIFEST
+from lib.tasks import get_task
+from lib.tasks.base import Task
 from lib.tasks.params import check_stages_after, stage_config
 
 
@@ -121,14 +125,19 @@ INPUTS = {"source": (DIRECTORY, "fetch"), "data": (DIRECTORY, "prepare"), "token
           "model": (FILE, "train"), "live": (DIRECTORY, "train"), "metrics": (FILE, "evaluate"),
           "samples": (FILE, "evaluate"), "lengths": (FILE, "evaluate")}
 # What each directory a stage writes holds (by stage and --option; fnmatch patterns): the stage replaces it
-# whole, so one holding anything else is refused. prepare's are named one by one, as a copied source is not.
-PREPARED_FILES = tuple(f"{split}.{kind}" for split in ("train", "valid", "test", "lengths")
-                       for kind in ("parquet", "txt"))
-HOLDS = {("fetch", "out"): ("manifest.json", "*.gz", "train.parquet", "valid.parquet", "test.parquet", "input.txt"),
-         ("prepare", "out"): (*PREPARED_FILES, "alphabet.txt", "cleaning.json"),
-         ("tokenize", "out"): ("*.json", "*.ids", "*.lengths"),
+# whole, so one holding anything else is refused. What fetch and prepare write, each task declares (``holds``).
+HOLDS = {("tokenize", "out"): ("*.json", "*.ids", "*.lengths"),
          ("train", "checkpoints"): ("*.pt", ".*.tmp"), ("train", "live"): ("metrics.json", "plots"),
          ("report", "figures"): ("*.png",)}
+
+
+TASK_DIRECTORIES = (("fetch", "out"), ("prepare", "out"))
+
+
+def holds(task: Task, stage: str, option: str) -> tuple[str, ...]:
+    """The fnmatch patterns of what the directory ``stage`` writes at ``--option`` holds, for ``task``."""
+    by_task = dict(zip(TASK_DIRECTORIES, ((MANIFEST, *task.fetched), task.prepared)))
+    return by_task.get((stage, option)) or HOLDS[stage, option]
 
 
 def check_apart(paths: dict[str, str], writes: list[str]):
@@ -205,7 +214,7 @@ def stage_main(stage: str, reads: list[str], writes: dict[str, str], run, argv: 
         for name, kind in writes.items():
             check_writable(getattr(args, name), kind == DIRECTORY, f"--{name}")
             if kind == DIRECTORY:
-                check_replaceable(getattr(args, name), HOLDS[stage, name], f"--{name}", stage)
+                check_replaceable(getattr(args, name), holds(get_task(args.task), stage, name), f"--{name}", stage)
         for name in reads:  # dvc repro checks them itself; a stage run by hand (under torchrun, say) here
             kind, writer = INPUTS[name]
             check_readable(getattr(args, name), kind == DIRECTORY, f"--{name}", writer)

@@ -1,41 +1,38 @@
-"""The tasks: each module says how its data is made or loaded and how it is scored.
-
-A task module defines KIND ("seq2seq" or "lm"); where its data comes from
-elsewhere, a frozen ``FetchConfig`` and ``fetch(cfg, out_dir)`` putting the
-source files there and returning their names (lib.data.sources); a frozen
-``PrepareConfig`` and ``prepare(cfg, out_dir, source_dir)`` writing its splits, ``tokenizer_texts(cfg,
-data_dir, side)`` giving the training text a tokenizer learns from (side:
-source, target or both), ``HEADLINE`` (the metrics its card in reports/index.html
-shows), and, for seq2seq tasks, ``score(hypotheses, references)`` and
-``sentence_score`` returning its metrics, and ``VALID_SCORE``, the one of them
-training logs after each epoch. Every task's evaluate stage also
-writes a score by length (by_length.csv: a ``length`` column, the score last).
-A seq2seq task gives it either by naming one more split to decode,
-``EXTRA_SPLIT``, with ``split_metrics(frame, hypotheses, test)`` returning its
-metrics and that table (cumsum: its length study, set against the test split's
-lengths) and ``EXTRA_SPLIT_LONGEST``, the param that sets its longest
-sequence; or by ``breakdown(sources, hypotheses, references)``, the table of
-the greedy test outputs (multi30k: BLEU by source length)."""
+"""The tasks, one class each (lib.tasks.base.Task): task ``<name>`` is the ``Task`` subclass named ``<name>`` in
+``lib/tasks/<name>.py``. Loading one task imports its module alone, so a stage of one task never runs (or
+depends on) another's code; the list of every task is read from the classes when it is needed."""
 
 import importlib
+import pkgutil
+from pathlib import Path
 
 from lib.core.config import ConfigError
-from lib.tasks import translation  # noqa: F401 (the translation tasks' scores, loaded with every task alike)
+from lib.tasks.base import Task
 
-TASKS = ("cumsum", "multi30k", "shakespeare", "wmt14")
+HERE = Path(__file__).parent
+
+
+def _task_in(module_name: str, name: str | None = None) -> Task | None:
+    """The Task subclass defined in module ``module_name`` (named ``name``, if given), as an instance."""
+    module = importlib.import_module(f"lib.tasks.{module_name}")
+    found = [cls for cls in vars(module).values()
+             if isinstance(cls, type) and issubclass(cls, Task) and cls.__module__ == module.__name__ and cls.name
+             and (name is None or cls.name == name)]
+    return found[0]() if found else None
+
+
+def task_names() -> list[str]:
+    """Every task: each module of lib/tasks that defines a Task subclass named after the module."""
+    names = [info.name for info in pkgutil.iter_modules([str(HERE)])]
+    return sorted(name for name in names if _task_in(name, name) is not None)
 
 
 def check_task_name(name: str):
-    if name not in TASKS:
-        raise ConfigError(f"tasks: unknown task {name!r} (known: {', '.join(TASKS)})")
+    if not (isinstance(name, str) and name.isidentifier() and (HERE / f"{name}.py").is_file()
+            and _task_in(name, name) is not None):
+        raise ConfigError(f"tasks: unknown task {name!r} (known: {', '.join(task_names())})")
 
 
-def get_task(name: str):
+def get_task(name: str) -> Task:
     check_task_name(name)
-    return importlib.import_module(f"lib.tasks.{name}")
-
-
-def evaluated_splits(task: str) -> tuple[str, ...]:
-    """The splits the evaluate stage decodes and scores: test, and the task's EXTRA_SPLIT (cumsum's length study)."""
-    module = get_task(task)
-    return ("test", *([module.EXTRA_SPLIT] if hasattr(module, "EXTRA_SPLIT") else []))
+    return _task_in(name, name)

@@ -18,15 +18,11 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from lib.core.files import check_readable
 from lib.core.config import ConfigError, check_seed, require
+from lib.core.files import check_readable
 from lib.data.pairs import read_split
+from lib.tasks.base import SPLIT_FILES, Task
 
-KIND = "seq2seq"
-HEADLINE = ("greedy.exact_match", "greedy.token_accuracy", "exact_up_to_length")  # its card in reports/index.html
-VALID_SCORE = "exact_match"  # of score(): logged after each epoch (train.valid_score)
-EXTRA_SPLIT = "lengths"  # evaluate decodes it too: split_metrics scores it, samples.jsonl keeps its outputs
-EXTRA_SPLIT_LONGEST = "prepare.vocab_length"  # the param that sets its longest sequence (in digits)
 
 
 @dataclass(frozen=True)
@@ -75,35 +71,6 @@ def _draw(generator: torch.Generator, cfg: PrepareConfig) -> tuple[int, ...]:
     return tuple(torch.randint(0, 10, (length,), generator=generator).tolist())
 
 
-def prepare(cfg: PrepareConfig, out_dir: Path, source_dir: Path | None = None):
-    """Write train/valid/test/lengths parquet files (columns src, tgt) and alphabet.txt (``source_dir``,
-    where fetch put a task's files, holds nothing for this one).
-
-    Held-out sequences are drawn first and distinct; training sequences are
-    drawn until n_train of them avoid every held-out one.
-    """
-    generator = torch.Generator().manual_seed(cfg.seed)
-    held_out: dict[tuple[int, ...], None] = {}  # insertion-ordered set
-    while len(held_out) < cfg.n_valid + cfg.n_test:
-        held_out[_draw(generator, cfg)] = None
-    held = list(held_out)
-    train = []
-    while len(train) < cfg.n_train:
-        digits = _draw(generator, cfg)
-        if digits not in held_out:
-            train.append(digits)
-    splits = {"train": train, "valid": held[: cfg.n_valid], "test": held[cfg.n_valid :]}
-    # Drawn after the three splits, so that adding it left them unchanged.
-    splits["lengths"] = length_study(cfg, set(train), generator)
-    for split, rows in splits.items():
-        frame = pd.DataFrame([_pair(list(d), cfg.modulus) for d in rows], columns=["src", "tgt"])
-        frame.to_parquet(out_dir / f"{split}.parquet", index=False)
-    # Every sum that a sequence of vocab_length digits can reach, so that
-    # longer test sequences never meet an unknown token.
-    alphabet = " ".join(str(n) for n in range(cfg.modulus or 9 * cfg.vocab_length + 1))
-    (out_dir / "alphabet.txt").write_text(alphabet + "\n")
-
-
 def length_study(cfg: PrepareConfig, train: set, generator: torch.Generator) -> list[tuple[int, ...]]:
     """n_per_length sequences of every length 1..vocab_length, outside train.
 
@@ -123,101 +90,73 @@ def length_study(cfg: PrepareConfig, train: set, generator: torch.Generator) -> 
     return rows
 
 
-def share_by_length(sources: list[str], flags: list[bool]) -> dict[int, float]:
-    """{1: share of the sequences with 1 digit whose flag is set, ..., 24: ...}, shortest first."""
-    frame = pd.DataFrame({"length": [len(s.split()) for s in sources], "flag": flags})
-    return {int(length): float(share) for length, share in frame.groupby("length")["flag"].mean().items()}
+class Cumsum(Task):
+    """Cumulative sums: running sums of digit sequences, and a length study of longer ones."""
+    name = "cumsum"
+    PrepareConfig = PrepareConfig
+    headline = ("greedy.exact_match", "greedy.token_accuracy", "exact_up_to_length")
+    valid_score = "exact_match"
+    extra_split = "lengths"  # the length study: evaluate decodes it too, and scores it by length
+    extra_split_longest = "prepare.vocab_length"  # its longest sequence, in digits
+    numeric_targets = True
+    prepared = (*SPLIT_FILES, "lengths.parquet", "alphabet.txt")
 
+    def prepare(self, cfg: PrepareConfig, out_dir: Path, source_dir: Path | None = None):
+        """Write train/valid/test/lengths parquet files (columns src, tgt) and alphabet.txt (``source_dir``,
+        where fetch put a task's files, holds nothing for this one).
 
-def lengths_as_numbers(by_length: dict) -> dict[int, float]:
-    """A by-length mapping with lengths as numbers, shortest first (the "01" keys of older metrics too)."""
-    return dict(sorted((int(length), share) for length, share in by_length.items()))
+        Held-out sequences are drawn first and distinct; training sequences are
+        drawn until n_train of them avoid every held-out one.
+        """
+        generator = torch.Generator().manual_seed(cfg.seed)
+        held_out: dict[tuple[int, ...], None] = {}  # insertion-ordered set
+        while len(held_out) < cfg.n_valid + cfg.n_test:
+            held_out[_draw(generator, cfg)] = None
+        held = list(held_out)
+        train = []
+        while len(train) < cfg.n_train:
+            digits = _draw(generator, cfg)
+            if digits not in held_out:
+                train.append(digits)
+        splits = {"train": train, "valid": held[: cfg.n_valid], "test": held[cfg.n_valid :]}
+        # Drawn after the three splits, so that adding it left them unchanged.
+        splits["lengths"] = length_study(cfg, set(train), generator)
+        for split, rows in splits.items():
+            frame = pd.DataFrame([_pair(list(d), cfg.modulus) for d in rows], columns=["src", "tgt"])
+            frame.to_parquet(out_dir / f"{split}.parquet", index=False)
+        # Every sum that a sequence of vocab_length digits can reach, so that
+        # longer test sequences never meet an unknown token.
+        alphabet = " ".join(str(n) for n in range(cfg.modulus or 9 * cfg.vocab_length + 1))
+        (out_dir / "alphabet.txt").write_text(alphabet + "\n")
 
+    def tokenizer_texts(self, cfg, data_dir: Path, side: str) -> list[str]:
+        """Training sources and/or targets, plus one line of every sum the task can produce, so that sums
+        larger than any training sequence reaches still enter the vocabulary.
 
-def exact_match_by_length(sources: list[str], hypotheses: list[str], references: list[str]) -> dict[int, float]:
-    """{1: exact match of the sequences with 1 digit, ...} (see share_by_length)"""
-    return share_by_length(sources, [h == r for h, r in zip(hypotheses, references)])
+        That vocabulary is closed (every digit and sum, each seen at least once), so a min_frequency
+        above 1 could only drop sums the model must be able to write: it is refused.
+        """
+        if cfg.min_frequency != 1:
+            raise ConfigError(f"cumsum.tokenize.min_frequency: {cfg.min_frequency}, but cumsum's vocabulary is closed "
+                              "(every digit and every sum the task can produce): it must be 1")
+        train = read_split(data_dir, "train")
+        alphabet_path = Path(data_dir) / "alphabet.txt"
+        check_readable(alphabet_path, writer="prepare")
+        alphabet = alphabet_path.read_text().strip()
+        sources = train["src"].tolist() if side in ("source", "both") else []
+        targets = train["tgt"].tolist() + [alphabet] if side in ("target", "both") else []
+        return sources + targets
 
+    def score(self, hypotheses: list[str], references: list[str]) -> dict:
+        """Exact-sequence match and per-position token accuracy over the references."""
+        exact = sum(h == r for h, r in zip(hypotheses, references))
+        correct = total = 0
+        for h, r in zip(hypotheses, references):
+            h_tokens, r_tokens = h.split(), r.split()
+            correct += sum(a == b for a, b in zip(h_tokens, r_tokens))
+            total += len(r_tokens)
+        return {"exact_match": exact / len(references), "token_accuracy": correct / total}
 
-def split_metrics(study: pd.DataFrame, hypotheses: list[str], test: pd.DataFrame) -> tuple[dict, pd.DataFrame]:
-    """Length generalisation: exact match at every length of the EXTRA_SPLIT, trained ones and longer ones
-    (a table: length, exact_match), and how far up it holds from the shortest trained length, one metric (the
-    test split's lengths are the trained ones)."""
-    by_length = exact_match_by_length(study["src"].tolist(), hypotheses, study["tgt"].tolist())
-    shortest = int(test["src"].str.split().str.len().min())
-    table = pd.DataFrame({"length": list(by_length), "exact_match": list(by_length.values())})
-    return {"exact_up_to_length": exact_up_to(by_length, shortest)}, table
-
-
-def exact_up_to(by_length: dict, shortest: int) -> int:
-    """The longest length L such that most sequences of every length from ``shortest`` (the shortest trained
-    one) up to L come out exact; 0 when not even those of length ``shortest`` do. How far length
-    generalisation holds, in one number, for the task's card and a column of `dvc exp show`: trained on 4-12,
-    12 means nothing longer came out right. Lengths below ``shortest`` do not count."""
-    longest = 0
-    for length, share in lengths_as_numbers(by_length).items():
-        if length < shortest:
-            continue
-        if share < 0.5:
-            break
-        longest = length
-    return longest
-
-
-def breaking_length(by_length: dict) -> int | None:
-    """The shortest length at which most sequences come out wrong; failing that, the shortest with any
-    wrong; None when every sequence of every length is exact. The report shows attention there."""
-    shares = lengths_as_numbers(by_length)
-    for limit in (0.5, 1.0):
-        failing = [length for length, share in shares.items() if share < limit]
-        if failing:
-            return failing[0]
-    return None
-
-
-def accuracy_by_value(samples: pd.DataFrame, train: pd.DataFrame) -> pd.DataFrame:
-    """Greedy token accuracy on the test split by the target value (a running sum), with how often that value
-    is a target token in training: the rare large sums are where the model guesses a common one."""
-    test = samples[samples["split"] == "test"]
-    rows = [(value, hypothesis[t] == value if t < len(hypothesis) else False)
-            for reference, greedy in zip(test["reference"], test["greedy"].fillna(""))
-            for hypothesis in [greedy.split()] for t, value in enumerate(reference.split())]
-    table = pd.DataFrame(rows, columns=["value", "correct"]).astype({"value": int})
-    table = table.groupby("value")["correct"].agg(tokens="size", accuracy="mean").reset_index()
-    seen = train["tgt"].str.split().explode().astype(int).value_counts()
-    return table.assign(train_count=table["value"].map(seen).fillna(0).astype(int))
-
-
-def sentence_score(hypothesis: str, reference: str) -> float:
-    """Per-example score for finding the worst outputs: token accuracy."""
-    return score([hypothesis], [reference])["token_accuracy"]
-
-
-def tokenizer_texts(cfg, data_dir: Path, side: str) -> list[str]:
-    """Training sources and/or targets, plus one line of every sum the task can produce, so that sums
-    larger than any training sequence reaches still enter the vocabulary.
-
-    That vocabulary is closed (every digit and sum, each seen at least once), so a min_frequency
-    above 1 could only drop sums the model must be able to write: it is refused.
-    """
-    if cfg.min_frequency != 1:
-        raise ConfigError(f"cumsum.tokenize.min_frequency: {cfg.min_frequency}, but cumsum's vocabulary is closed "
-                          "(every digit and every sum the task can produce): it must be 1")
-    train = read_split(data_dir, "train")
-    alphabet_path = Path(data_dir) / "alphabet.txt"
-    check_readable(alphabet_path, writer="prepare")
-    alphabet = alphabet_path.read_text().strip()
-    sources = train["src"].tolist() if side in ("source", "both") else []
-    targets = train["tgt"].tolist() + [alphabet] if side in ("target", "both") else []
-    return sources + targets
-
-
-def score(hypotheses: list[str], references: list[str]) -> dict:
-    """Exact-sequence match and per-position token accuracy over the references."""
-    exact = sum(h == r for h, r in zip(hypotheses, references))
-    correct = total = 0
-    for h, r in zip(hypotheses, references):
-        h_tokens, r_tokens = h.split(), r.split()
-        correct += sum(a == b for a, b in zip(h_tokens, r_tokens))
-        total += len(r_tokens)
-    return {"exact_match": exact / len(references), "token_accuracy": correct / total}
+    def sentence_score(self, hypothesis: str, reference: str) -> float:
+        """Per-example score for finding the worst outputs: token accuracy."""
+        return self.score([hypothesis], [reference])["token_accuracy"]

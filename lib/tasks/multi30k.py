@@ -20,14 +20,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from lib.core.config import ConfigError, require, utf8_lines
-from lib.data.pairs import read_split, split_path
+from lib.core.config import ConfigError, require
+from lib.core.text import utf8_lines
+from lib.data.pairs import split_path
 from lib.data.sources import download, is_url, offline_fix, read_manifest
-from lib.tasks.translation import LENGTH_GROUPS, breakdown, length_group, score, sentence_score  # noqa: F401
+from lib.tasks.translation import TranslationTask
 
-KIND = "seq2seq"
-HEADLINE = ("greedy.bleu", "beam*.bleu", "greedy.chrf", "valid_perplexity")  # its card in reports/index.html
-VALID_SCORE = "bleu"  # of score(): logged after each epoch (train.valid_score)
 LANGUAGES = ("de", "en", "fr", "cs")
 # Our split name -> the raw files' prefix and the hub data set's split.
 SPLIT_FILES = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
@@ -69,27 +67,6 @@ class FetchConfig:
         for lang in self.languages:
             require(lang in LANGUAGES, "languages", f"{lang!r} is not one of {LANGUAGES}")
         require(len(set(self.languages)) == len(self.languages), "languages", "names a language twice")
-
-
-def fetch(cfg: FetchConfig, out_dir: Path) -> list[str]:
-    """The raw files (downloaded and checked, or copied), or the hub data set's splits as parquet files."""
-    key, source = "multi30k.fetch.source", cfg.source
-    if is_url(source):
-        for name in raw_files(cfg.languages):
-            download(f"{source.rstrip('/')}/{name}", out_dir / name, key, SHA256[name], LOCAL_COPY)
-        return raw_files(cfg.languages)
-    root = Path(source)
-    if root.is_dir() and any(root.glob("train.*.gz")):
-        for name in raw_files(cfg.languages):
-            if not (root / name).is_file():
-                raise FileNotFoundError(f"{root / name}: missing ({key} must hold the raw task-1 files of "
-                                        f"multi30k.fetch.languages {list(cfg.languages)})")
-            shutil.copyfile(root / name, out_dir / name)
-        return raw_files(cfg.languages)
-    if root.is_dir() or HUB_NAME.fullmatch(source):
-        return fetch_hub(cfg, out_dir)
-    raise ConfigError(f"{key}: {source}: no such directory (give the raw files' URL, as params.yaml does, "
-                      f"{LOCAL_COPY}, or a Hugging Face hub data set)")
 
 
 def fetch_hub(cfg: FetchConfig, out_dir: Path) -> list[str]:
@@ -187,18 +164,39 @@ def load_hub(cfg: PrepareConfig, root: Path, source: str) -> dict[str, pd.DataFr
     return splits
 
 
-def prepare(cfg: PrepareConfig, out_dir: Path, source_dir: Path):
-    """Write train/valid/test parquet files (columns src, tgt) from the fetched files."""
-    manifest = read_manifest(source_dir, "multi30k")
-    fetched = list(manifest["files"])
-    hub = split_path(source_dir, "train").name in fetched
-    splits = load_hub(cfg, source_dir, manifest["source"]) if hub else load_raw(cfg, source_dir, fetched)
-    for split, frame in splits.items():
-        frame.to_parquet(split_path(out_dir, split), index=False)
+class Multi30k(TranslationTask):
+    """Multi30k task 1: image captions, German -> English by default."""
 
+    name = "multi30k"
+    FetchConfig = FetchConfig
+    PrepareConfig = PrepareConfig
+    fetched = ("*.gz", "train.parquet", "valid.parquet", "test.parquet")  # the raw files, or a hub data set's
 
-def tokenizer_texts(cfg, data_dir: Path, side: str) -> list[str]:
-    """The training split only: its sources, its targets, or both (a joint vocabulary)."""
-    train = read_split(data_dir, "train")
-    columns = {"source": ["src"], "target": ["tgt"], "both": ["src", "tgt"]}[side]
-    return [text for column in columns for text in train[column].tolist()]
+    def fetch(self, cfg: FetchConfig, out_dir: Path) -> list[str]:
+        """The raw files (downloaded and checked, or copied), or the hub data set's splits as parquet files."""
+        key, source = "multi30k.fetch.source", cfg.source
+        if is_url(source):
+            for name in raw_files(cfg.languages):
+                download(f"{source.rstrip('/')}/{name}", out_dir / name, key, SHA256[name], LOCAL_COPY)
+            return raw_files(cfg.languages)
+        root = Path(source)
+        if root.is_dir() and any(root.glob("train.*.gz")):
+            for name in raw_files(cfg.languages):
+                if not (root / name).is_file():
+                    raise FileNotFoundError(f"{root / name}: missing ({key} must hold the raw task-1 files of "
+                                            f"multi30k.fetch.languages {list(cfg.languages)})")
+                shutil.copyfile(root / name, out_dir / name)
+            return raw_files(cfg.languages)
+        if root.is_dir() or HUB_NAME.fullmatch(source):
+            return fetch_hub(cfg, out_dir)
+        raise ConfigError(f"{key}: {source}: no such directory (give the raw files' URL, as params.yaml does, "
+                          f"{LOCAL_COPY}, or a Hugging Face hub data set)")
+
+    def prepare(self, cfg: PrepareConfig, out_dir: Path, source_dir: Path):
+        """Write train/valid/test parquet files (columns src, tgt) from the fetched files."""
+        manifest = read_manifest(source_dir, "multi30k")
+        fetched = list(manifest["files"])
+        hub = split_path(source_dir, "train").name in fetched
+        splits = load_hub(cfg, source_dir, manifest["source"]) if hub else load_raw(cfg, source_dir, fetched)
+        for split, frame in splits.items():
+            frame.to_parquet(split_path(out_dir, split), index=False)

@@ -3,7 +3,6 @@ the sections of the stages after it checked before it starts."""
 
 from lib.core.config import STAGE_CONFIGS, STAGES, ConfigError, from_dict, require
 from transformer.config import largest_alpha
-from lib.data.sources import NothingToFetch
 from lib.tasks import check_task_name, get_task
 
 
@@ -16,11 +15,8 @@ def stage_config(params: dict, task: str, stage: str):
     section = params.get(task)
     if not isinstance(section, dict) or stage not in section:
         raise ConfigError(f"{task}.{stage}: missing section")
-    module = get_task(task)
-    if stage == "fetch":
-        cls = getattr(module, "FetchConfig", NothingToFetch)
-    else:
-        cls = module.PrepareConfig if stage == "prepare" else STAGE_CONFIGS[stage][module.KIND]
+    chosen = get_task(task)
+    cls = {"fetch": chosen.FetchConfig, "prepare": chosen.PrepareConfig}.get(stage) or STAGE_CONFIGS[stage][chosen.kind]
     return from_dict(cls, section[stage], f"{task}.{stage}")
 
 
@@ -49,7 +45,7 @@ def check_stages_after(params: dict, task: str, stage: str):
         # From ``stage`` on: its own section the stage has checked already, but train's is read below
         cfgs = {name: stage_config(params, task, name) for name in STAGES[STAGES.index(stage):]}
         train, evaluate, report = (cfgs.get(name) for name in ("train", "evaluate", "report"))
-        kind = get_task(task).KIND
+        kind = get_task(task).kind
         if train and evaluate and kind == "seq2seq" and evaluate.beam_size > 1:  # greedy: no alpha
             longest, most = train.model.max_len, largest_alpha(train.model.max_len)
             require(evaluate.alpha <= most, f"{task}.evaluate.alpha",

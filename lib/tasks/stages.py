@@ -14,9 +14,8 @@ from lib.tasks import get_task
 def run_fetch(task: str, cfg, out_dir: str | Path):
     """The task's source files and their manifest into a fresh directory, replacing ``out_dir`` only when all
     are in: a failed or cut download leaves the last whole one, or nothing."""
-    module = get_task(task)
     with atomic_dir(out_dir) as tmp:
-        files = module.fetch(cfg, tmp) if hasattr(module, "fetch") else []
+        files = get_task(task).fetch(cfg, tmp)
         write_manifest(tmp, getattr(cfg, "source", "none: the prepare stage makes the data"), files)
 
 
@@ -29,14 +28,14 @@ def run_prepare(task: str, cfg, out_dir: str | Path, source_dir: str | Path | No
 
 def run_tokenize(task: str, cfg: TokenizeConfig, data_dir: str | Path, out_dir: str | Path) -> Tokenizers:
     """The tokenize stage: learn from the task's training text only, save into ``out_dir``."""
-    module = get_task(task)
-    if cfg.source_eos and module.KIND == "lm":
+    chosen = get_task(task)
+    if cfg.source_eos and chosen.kind == "lm":
         raise ConfigError(f"{task}.tokenize.source_eos: applies to translation tasks, not {task} (a language model)")
-    if cfg.joint or module.KIND == "lm":
-        joint = train_tokenizer(cfg, module.tokenizer_texts(cfg, data_dir, "both"))
+    if cfg.joint or chosen.kind == "lm":
+        joint = train_tokenizer(cfg, chosen.tokenizer_texts(cfg, data_dir, "both"))
         files, tokenizers = {JOINT: joint}, Tokenizers(joint, joint)
     else:
-        tokenizers = Tokenizers(*(train_tokenizer(cfg, module.tokenizer_texts(cfg, data_dir, side))
+        tokenizers = Tokenizers(*(train_tokenizer(cfg, chosen.tokenizer_texts(cfg, data_dir, side))
                                   for side in ("source", "target")))
         files = {SOURCE: tokenizers.source, TARGET: tokenizers.target}
     for tokenizer in files.values():
@@ -47,6 +46,6 @@ def run_tokenize(task: str, cfg: TokenizeConfig, data_dir: str | Path, out_dir: 
     with atomic_dir(out_dir) as tmp:
         for name, tokenizer in files.items():
             tokenizer.save(str(tmp / name))
-        if getattr(module, "TOKEN_STORE", False):  # a corpus of millions: its ids written once, for train to map
+        if chosen.token_store:  # a corpus of millions: its ids written once, for train to map
             write_splits(tokenizers, data_dir, tmp)
     return tokenizers

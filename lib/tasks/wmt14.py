@@ -23,22 +23,13 @@ from lib.core.config import ConfigError, require
 from lib.data.pairs import split_path
 from lib.data.sources import offline_fix, read_manifest
 from lib.tasks import translation
-from lib.tasks.translation import breakdown, sentence_score  # noqa: F401 (the task's scores)
+from lib.tasks.translation import TranslationTask
 
-KIND = "seq2seq"
-HEADLINE = ("greedy.bleu", "beam*.bleu", "beam*.tokenized_bleu", "valid_perplexity")  # its card in reports/index.html
-VALID_SCORE = "bleu"  # of score(): logged after each epoch (train.valid_score)
-TOKEN_STORE = True  # tokenize writes the splits' ids once (lib.data.token_store), and train maps them
 LANGUAGES = ("en", "de")
 HUB_SPLITS = {"train": "train", "valid": "validation", "test": "test"}  # our split name -> the hub's
 BATCH_ROWS = 100_000  # rows read, cleaned and written at a time: the corpus is never whole in memory
 CLEANING = "cleaning.json"
 LOCAL_COPY = "a local folder of the data set's parquet files (de-en/train-*.parquet, validation-*, test-*)"
-
-
-def score(hypotheses: list[str], references: list[str]) -> dict:
-    """multi30k's sacreBLEU and chrF, with the paper's tokenised BLEU beside them (cheap to compute)."""
-    return {**translation.score(hypotheses, references), **translation.tokenized_bleu(hypotheses, references)}
 
 
 @dataclass(frozen=True)
@@ -48,33 +39,6 @@ class FetchConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "source", os.path.expanduser(self.source))
-
-
-def fetch(cfg: FetchConfig, out_dir: Path) -> list[str]:
-    """Each split's translation column as ``<split>.parquet``, written a batch of rows at a time."""
-    import datasets  # imported here: slow to import
-
-    local = Path(cfg.source).is_dir()
-    name, _, revision = cfg.source.partition("@")
-    try:
-        loaded = (datasets.load_dataset(cfg.source, data_dir=cfg.config) if local else
-                  datasets.load_dataset(name, cfg.config, revision=revision or None))
-    except Exception as err:  # noqa: BLE001 - no internet, unknown name or revision: datasets raises many kinds
-        raise ConfigError(f"wmt14.fetch.source: could not load {cfg.source!r} as a Hugging Face data set "
-                          f"({type(err).__name__}: {err}); {offline_fix('wmt14.fetch.source', LOCAL_COPY)}"
-                          ) from None
-    files = []
-    for split, hub_split in HUB_SPLITS.items():
-        if hub_split not in loaded:
-            raise ValueError(f"wmt14.fetch.source: {cfg.source} has no {hub_split} split (it has: "
-                             f"{', '.join(loaded)})")
-        if "translation" not in loaded[hub_split].column_names:
-            raise ValueError(f"wmt14.fetch.source: {cfg.source}'s {hub_split} split has no translation column "
-                             f"(it has: {', '.join(loaded[hub_split].column_names)})")
-        loaded[hub_split].select_columns(["translation"]).to_parquet(split_path(out_dir, split),
-                                                                    batch_size=BATCH_ROWS)
-        files.append(split_path(out_dir, split).name)
-    return files
 
 
 @dataclass(frozen=True)
@@ -122,41 +86,81 @@ def dropped_why(src: str, tgt: str, cfg: PrepareConfig) -> str | None:
 SCHEMA = pa.schema([("src", pa.string()), ("tgt", pa.string())])
 
 
-def prepare(cfg: PrepareConfig, out_dir: Path, source_dir: Path):
-    """train/valid/test.parquet (columns src, tgt), streamed from the fetched splits; cleaning.json says
-    how many training pairs each rule dropped."""
-    manifest = read_manifest(source_dir, "wmt14")
-    counts = {}
-    for split in HUB_SPLITS:
-        path = split_path(source_dir, split)
-        if path.name not in manifest["files"]:
-            raise FileNotFoundError(f"{path}: not fetched (re-run the fetch stage)")
-        read, dropped = 0, {"empty": 0, "too_long": 0, "ratio": 0}
-        with pq.ParquetWriter(split_path(out_dir, split), SCHEMA) as writer:
-            for src, tgt in batches(path, cfg.src_lang, cfg.tgt_lang):
-                keep_src, keep_tgt = [], []
-                for number, (s, t) in enumerate(zip(src, tgt), read + 1):
-                    why = dropped_why(s, t, cfg) if split == "train" else None
-                    if split != "train" and (not s or not t):
-                        raise ValueError(f"{path}: row {number}: an empty sentence in {HUB_SPLITS[split]}, "
-                                         "which is scored whole")
-                    if why:
-                        dropped[why] += 1
-                    else:
-                        keep_src.append(s)
-                        keep_tgt.append(t)
-                read += len(src)
-                writer.write_table(pa.table({"src": keep_src, "tgt": keep_tgt}, schema=SCHEMA))
-        if not read:
-            raise ValueError(f"{path}: no rows")
-        counts[split] = {"read": read, "kept": read - sum(dropped.values()), "dropped": dropped}
-    (out_dir / CLEANING).write_text(json.dumps(counts, indent=1) + "\n")
+class WMT14(TranslationTask):
+    """WMT 2014 English -> German, the paper's task: sacreBLEU and the paper's tokenised BLEU."""
 
+    name = "wmt14"
+    FetchConfig = FetchConfig
+    PrepareConfig = PrepareConfig
+    headline = ("greedy.bleu", "beam*.bleu", "beam*.tokenized_bleu", "valid_perplexity")
+    token_store = True
+    fetched = ("train.parquet", "valid.parquet", "test.parquet")
+    prepared = (*TranslationTask.prepared, CLEANING)
 
-def tokenizer_texts(cfg, data_dir: Path, side: str) -> Iterator[str]:
-    """The training split's sources, targets or both, a batch at a time: BPE learns from an iterator."""
-    columns = {"source": ["src"], "target": ["tgt"], "both": ["src", "tgt"]}[side]
-    file = pq.ParquetFile(split_path(data_dir, "train"))
-    for batch in file.iter_batches(batch_size=BATCH_ROWS, columns=columns):
-        for column in columns:
-            yield from batch.column(column).to_pylist()
+    def score(self, hypotheses: list[str], references: list[str]) -> dict:
+        """multi30k's sacreBLEU and chrF, with the paper's tokenised BLEU beside them (cheap to compute)."""
+        return {**translation.score(hypotheses, references), **translation.tokenized_bleu(hypotheses, references)}
+
+    def fetch(self, cfg: FetchConfig, out_dir: Path) -> list[str]:
+        """Each split's translation column as ``<split>.parquet``, written a batch of rows at a time."""
+        import datasets  # imported here: slow to import
+
+        local = Path(cfg.source).is_dir()
+        name, _, revision = cfg.source.partition("@")
+        try:
+            loaded = (datasets.load_dataset(cfg.source, data_dir=cfg.config) if local else
+                      datasets.load_dataset(name, cfg.config, revision=revision or None))
+        except Exception as err:  # noqa: BLE001 - no internet, unknown name or revision: datasets raises many kinds
+            raise ConfigError(f"wmt14.fetch.source: could not load {cfg.source!r} as a Hugging Face data set "
+                              f"({type(err).__name__}: {err}); {offline_fix('wmt14.fetch.source', LOCAL_COPY)}"
+                              ) from None
+        files = []
+        for split, hub_split in HUB_SPLITS.items():
+            if hub_split not in loaded:
+                raise ValueError(f"wmt14.fetch.source: {cfg.source} has no {hub_split} split (it has: "
+                                 f"{', '.join(loaded)})")
+            if "translation" not in loaded[hub_split].column_names:
+                raise ValueError(f"wmt14.fetch.source: {cfg.source}'s {hub_split} split has no translation column "
+                                 f"(it has: {', '.join(loaded[hub_split].column_names)})")
+            loaded[hub_split].select_columns(["translation"]).to_parquet(split_path(out_dir, split),
+                                                                        batch_size=BATCH_ROWS)
+            files.append(split_path(out_dir, split).name)
+        return files
+
+    def prepare(self, cfg: PrepareConfig, out_dir: Path, source_dir: Path):
+        """train/valid/test.parquet (columns src, tgt), streamed from the fetched splits; cleaning.json says
+        how many training pairs each rule dropped."""
+        manifest = read_manifest(source_dir, "wmt14")
+        counts = {}
+        for split in HUB_SPLITS:
+            path = split_path(source_dir, split)
+            if path.name not in manifest["files"]:
+                raise FileNotFoundError(f"{path}: not fetched (re-run the fetch stage)")
+            read, dropped = 0, {"empty": 0, "too_long": 0, "ratio": 0}
+            with pq.ParquetWriter(split_path(out_dir, split), SCHEMA) as writer:
+                for src, tgt in batches(path, cfg.src_lang, cfg.tgt_lang):
+                    keep_src, keep_tgt = [], []
+                    for number, (s, t) in enumerate(zip(src, tgt), read + 1):
+                        why = dropped_why(s, t, cfg) if split == "train" else None
+                        if split != "train" and (not s or not t):
+                            raise ValueError(f"{path}: row {number}: an empty sentence in {HUB_SPLITS[split]}, "
+                                             "which is scored whole")
+                        if why:
+                            dropped[why] += 1
+                        else:
+                            keep_src.append(s)
+                            keep_tgt.append(t)
+                    read += len(src)
+                    writer.write_table(pa.table({"src": keep_src, "tgt": keep_tgt}, schema=SCHEMA))
+            if not read:
+                raise ValueError(f"{path}: no rows")
+            counts[split] = {"read": read, "kept": read - sum(dropped.values()), "dropped": dropped}
+        (out_dir / CLEANING).write_text(json.dumps(counts, indent=1) + "\n")
+
+    def tokenizer_texts(self, cfg, data_dir: Path, side: str) -> Iterator[str]:
+        """The training split's sources, targets or both, a batch at a time: BPE learns from an iterator."""
+        columns = {"source": ["src"], "target": ["tgt"], "both": ["src", "tgt"]}[side]
+        file = pq.ParquetFile(split_path(data_dir, "train"))
+        for batch in file.iter_batches(batch_size=BATCH_ROWS, columns=columns):
+            for column in columns:
+                yield from batch.column(column).to_pylist()

@@ -23,20 +23,20 @@ class DivergedError(ValueError):
 
 
 class Run:
-    """``state`` holds plain counters (step, best validation loss, and whatever the loop adds); ``generators``
+    """``state`` holds plain counters (step, best validation loss, and the loop's ``counters``); ``generators``
     the torch generators a resume must restore. A checkpoint is resumed only when it shares this run's
     identity (lib.train.identity): so a run after any change that DVC reruns training for starts afresh. Raising
     the length (``length``: the param and the counter it bounds) continues training, unless the schedule
     depends on it (``schedule_uses_length``); ``stop_keys``, params that only decide when to stop, continue it.
     """
 
-    def __init__(self, trainee: Trainee, cfg, optimizer, length: tuple[str, str], state: dict, generators: dict,
-                 data_dir, tokenizer_dir, checkpoint_dir, live_dir, stop_keys: tuple[str, ...] = (),
-                 schedule_uses_length: bool = False):
+    def __init__(self, trainee: Trainee, cfg, optimizer, *, length: tuple[str, str], data_dir, tokenizer_dir,
+                 checkpoint_dir, live_dir, counters: dict | None = None, generators: dict | None = None,
+                 stop_keys: tuple[str, ...] = (), schedule_uses_length: bool = False):
         length_key, self.progress_key = length
         self.trainee, self.model, self.optimizer, self.ctx = trainee, trainee.model, optimizer, trainee.ctx
-        self.state = {"step": 0, "best_valid_loss": math.inf, **state}
-        self.generators = generators
+        self.state = {"step": 0, "best_valid_loss": math.inf, **(counters or {})}
+        self.generators = generators or {}
         self.checkpoint_dir = Path(checkpoint_dir)
         self.last_path, self.best_path = self.checkpoint_dir / "last.pt", self.checkpoint_dir / "best.pt"
         self.identity = run_identity(trainee.task, cfg, length_key, stop_keys, schedule_uses_length, data_dir,

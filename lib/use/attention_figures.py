@@ -9,8 +9,10 @@ from pathlib import Path
 from tqdm import tqdm
 
 from lib.data.pairs import Pairs, collate
-from lib.use.inference import LanguageModel, Written
+from lib.use.inference import LanguageModel
+from lib.use.lines import Written
 from lib.data.tokenizer import special_ids
+from lib.report.attention_maps import attention_maps, visible
 
 
 ATTENTION_BATCH = 32  # lines drawn per forward pass
@@ -24,7 +26,7 @@ def draw_translation_attention(model, tokenizers, lines: list[str], translations
     """For each translated line, the attention that wrote its output (encoder self, decoder self and
     cross, every layer and head), with the model teacher-forced on that output: each decoder row is the
     step that chose the token it is labelled with. Figures go to ``figures``; returns the page's lines."""
-    from lib.report.figures import attention_maps, pair_heatmaps  # matplotlib, only when asked
+    from lib.report.figures import pair_heatmaps  # matplotlib, only when asked
 
     ids = special_ids(tokenizers)
     device = next(model.parameters()).device
@@ -53,7 +55,7 @@ def draw_translation_attention(model, tokenizers, lines: list[str], translations
 def draw_lm_attention(lm: LanguageModel, tokens: list[int], figures: Path, what: str) -> list[str]:
     """The self-attention over the first tokens of ``what`` (the prompt and its continuation, a scored
     text): ``LM_ATTENTION_TOKENS``, or the model's training block if that is shorter."""
-    from lib.report.figures import plot_attention_grid, visible  # matplotlib, only when asked
+    from lib.report.figures import plot_attention_grid  # matplotlib, only when asked
 
     shown = lm.attention(tokens[:LM_ATTENTION_TOKENS])["self-attention"]
     labels = [visible(token) for token in shown.rows]

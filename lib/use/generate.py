@@ -35,13 +35,16 @@ import torch
 
 from lib.model import checkpoint
 from lib.core import files
-from lib.use.attention_figures import (FIGURE_FILES, LM_ATTENTION_TOKENS, draw_lm_attention, draw_translation_attention,
-                                   is_a_figure, write_figures)
-from lib.core.config import utf8_lines, utf8_text
+from lib.use.attention_figures import (draw_lm_attention, draw_translation_attention,
+                                   write_figures)
+from lib.core.text import utf8_lines, utf8_text
 from transformer.greedy import check_alpha
 from lib.core.distributed import device_named
-from lib.use.inference import LanguageModel, Written, out_of_range, outputs_of, score_lines, translate_lines
-from lib.tasks import TASKS, get_task
+from lib.use.inference import LanguageModel
+from lib.use.command import (N_BEST_COLUMNS, SAMPLE_SEPARATOR, SCORE_COLUMNS, argument_parser,
+                              check_options)
+from lib.use.lines import Written, outputs_of, score_lines, translate_lines
+from lib.tasks import get_task
 from lib.data.tokenizer import continuation, lm_ids
 
 
@@ -57,7 +60,7 @@ def read_input(path: str) -> str:
 
 def read_lines(path: str) -> list[str]:
     """The lines of read_input's text as the prepare stage reads a data file's and a terminal's lines come:
-    ended by "\\n" or "\\r\\n" only (lib.core.config.utf8_lines)."""
+    ended by "\\n" or "\\r\\n" only (lib.core.text.utf8_lines)."""
     return utf8_lines(*input_bytes(path))
 
 
@@ -75,11 +78,6 @@ def write_text(path: str, text: str):
     else:
         with files.atomic_path(os.path.realpath(path)) as tmp:
             tmp.write_text(text, encoding="utf-8")
-
-
-N_BEST_COLUMNS = ("line", "rank", "score", "log_prob", "tokens", "eos", "translation")
-SCORE_COLUMNS = ("line", "score", "log_prob", "tokens", "least_likely", "translation")  # --score: eos true
-LM_SCORES = ("tokens", "loss", "perplexity", "bits_per_char")  # --score for an LM: lib.evaluate.evaluation.text_metrics
 
 
 def outputs_table(tokenizers, written: Written, columns: tuple[str, ...], header: bool = True) -> str:
@@ -100,80 +98,6 @@ def outputs_table(tokenizers, written: Written, columns: tuple[str, ...], header
                    "least_likely": f"{out.least_likely[0]} {out.least_likely[1]:.2f}" if out.least_likely else ""}
             writer.writerow([row[column] for column in columns])
     return table.getvalue()
-
-
-SAMPLE_SEPARATOR = "-" * 15  # between an LM's samples, as nanoGPT's sample.py prints them
-
-# The options of each kind of task; given for the other kind, they are an error rather than ignored.
-TRANSLATION_OPTIONS = ("input", "beam_size", "alpha", "max_extra_tokens", "max_tokens", "n_best")
-LM_OPTIONS = ("prompt", "max_new_tokens", "temperature", "top_k", "top_p", "seed", "num_samples")
-# What steers a search or sampling: an error with --score, which generates nothing.
-GENERATION_OPTIONS = {"seq2seq": ("beam_size", "max_extra_tokens", "n_best"), "lm": LM_OPTIONS}
-
-
-def replaces(output: str, path: str) -> bool:
-    """Whether ``write_text(output, ...)`` replaces the file at ``path``: the file that ``output``'s links lead
-    to. (A device is written into, not replaced: /dev/stdout may be the terminal /dev/stdin reads.)"""
-    return os.path.isfile(output) and files.placed(output, path) == "is"
-
-
-def takes_a_figure(output: str, attention: str) -> bool:
-    """Whether ``output``, written after the figures, replaces one: it, or the file its links lead to, is in
-    the ``attention`` directory by a name in FIGURE_FILES."""
-    return any(files.placed(Path(path).parent, attention) == "is"
-               and is_a_figure(Path(path).name)
-               for path in (output, os.path.realpath(output)))
-
-
-# What the pipeline writes in a models directory, by the stage that writes it: nothing generate writes may go
-# there (a replaced model.pt is lost; a file more in an output makes `dvc repro` run its stage again).
-MODEL_FILES = {"model.pt": "train", "tokenizer": "tokenize", "checkpoints": "train"}
-
-
-def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace, kind: str, directory: Path):
-    """One error naming every option that is missing, out of range, or set but meant for the other kind of task,
-    and every output that would replace what it reads (--input, --score) or what ``directory``, the models
-    directory, holds."""
-    flag = lambda dest: "--" + dest.replace("_", "-")  # noqa: E731
-    if kind == "seq2seq":
-        errors = [] if args.input else ["--input is required to translate or score (a file, or - for stdin)"]
-        ranged = ("beam_size", "alpha", "max_extra_tokens", "max_tokens")
-        if args.n_best is not None and not 1 <= args.n_best <= args.beam_size:
-            errors.append(f"--n-best {args.n_best}: must be in [1, --beam-size {args.beam_size}] (the beam holds "
-                          "that many outputs)")
-    else:
-        errors = [] if args.prompt or args.score else [
-            "--prompt is required (and must not be empty) to sample from the LM (- reads it from stdin), or "
-            "--score FILE to score a text"]
-        ranged = ("max_new_tokens", "temperature", "top_k", "top_p", "num_samples", "seed")
-    errors += out_of_range({dest: getattr(args, dest) for dest in ranged}, flag)
-    if args.score:
-        if generating := [flag(dest) for dest in GENERATION_OPTIONS[kind]
-                          if getattr(args, dest) != parser.get_default(dest)]:
-            errors.append(f"{', '.join(generating)}: not with --score (it scores the text given; nothing is generated)")
-        if args.score == "-" and args.input == "-":
-            errors.append("--input and --score cannot both be stdin")
-    # --output is replaced whole, once the inputs are read: an input it names would be lost
-    errors += [f"--output {args.output}: the {option} file; the outputs would replace it (name another file)"
-               for option, path in (("--input", args.input), ("--score", args.score))
-               if path and "-" not in (path, args.output) and replaces(args.output, path)]
-    # --attention's directory is made first, then --output is written: in it would be a file; under it, none
-    if args.attention and args.output != "-":
-        if how := files.placed(args.attention, args.output):
-            errors.append(f"--attention {args.attention}: {how} --output {args.output}, the file the outputs go to "
-                          "(name another directory)")
-        elif takes_a_figure(args.output, args.attention):
-            errors.append(f"--output {args.output}: in --attention {args.attention}, by a name the figures take "
-                          f"({', '.join(FIGURE_FILES)}); the outputs would replace one (name another file)")
-    errors += [files.written_by(f"{option} {path}", how, directory / name, stage)
-               for option, path in (("--output", args.output), ("--attention", args.attention)) if path and path != "-"
-               for name, stage in MODEL_FILES.items() if (how := files.placed(path, directory / name))]
-    others = LM_OPTIONS if kind == "seq2seq" else TRANSLATION_OPTIONS
-    if misplaced := [flag(dest) for dest in others if getattr(args, dest) != parser.get_default(dest)]:
-        errors.append(f"{', '.join(misplaced)}: not for {args.task} "
-                      f"({'translation' if kind == 'seq2seq' else 'a language model'})")
-    if errors:
-        raise ValueError("; ".join(errors))
 
 
 def translate_file(args: argparse.Namespace, model, tokenizers):
@@ -303,50 +227,6 @@ def prompts_given(args: argparse.Namespace):
                 print(f"generate: line {number}: empty; type a text for the LM to continue", file=sys.stderr)
 
 
-def argument_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m lib.use.generate", description=__doc__.splitlines()[0])
-    parser.add_argument("--task", required=True, choices=TASKS, help="a task the pipeline trained (models/<task>/)")
-    parser.add_argument("--models", type=os.path.expanduser,
-                        help="the directory with model.pt and tokenizer/ (default: models/<task>)")
-    parser.add_argument("--device", default="cpu",
-                        help="cpu (default), cuda, cuda:N, or auto (a GPU where there is one)")
-    parser.add_argument("--output", default="-", type=os.path.expanduser,
-                        help="one translation per line (a table with --n-best or --score), or the LM's text (JSON "
-                             "with --score); - for stdout (default)")
-    translation = parser.add_argument_group("translation (seq2seq tasks)")
-    translation.add_argument("--input", type=os.path.expanduser, help="one source sentence per line; - for stdin")
-    translation.add_argument("--beam-size", type=int, default=1, help="1: greedy (default)")
-    translation.add_argument("--alpha", type=float, default=0.6,
-                             help="beam search's (and --score's) length penalty (default 0.6)")
-    translation.add_argument("--max-extra-tokens", type=int, default=20,
-                             help="an output has at most source length + this many tokens (default 20)")
-    translation.add_argument("--max-tokens", type=int, default=8192, help="token budget of a batch")
-    translation.add_argument("--n-best", type=int, metavar="K",
-                             help="write each line's K best outputs (K <= --beam-size) with their scores, as a "
-                                  "tab-separated table: " + ", ".join(N_BEST_COLUMNS))
-    parser.add_argument("--score", metavar="FILE", type=os.path.expanduser,
-                        help="generate nothing: score the text given. Translation: one output per --input line "
-                             "(say, reference translations), as beam search would rank it, in a tab-separated "
-                             f"table: {', '.join(SCORE_COLUMNS)}. LM: a whole text's {', '.join(LM_SCORES)}, "
-                             "as JSON")
-    lm = parser.add_argument_group("language model (lm tasks)")
-    lm.add_argument("--prompt", help="the text to continue; - reads it from stdin (at a terminal: each line, "
-                                     "continued as soon as it is entered)")
-    lm.add_argument("--max-new-tokens", type=int, default=200)
-    lm.add_argument("--temperature", type=float, default=0.8)
-    lm.add_argument("--top-k", type=int, default=0, help="0: no top-k filter")
-    lm.add_argument("--top-p", type=float, default=1.0, help="1: no nucleus filter")
-    lm.add_argument("--seed", type=int, default=0)
-    lm.add_argument("--num-samples", type=int, default=1,
-                    help=f"continuations of the prompt, drawn one after another from the seeded generator and "
-                         f"separated by a line {SAMPLE_SEPARATOR!r} (default 1; --attention draws the first's)")
-    parser.add_argument("--attention", metavar="DIR", type=os.path.expanduser,
-                        help="also draw the attention that wrote each output, every layer and head: DIR/attention.md "
-                             "and its PNGs (three per translated line: meant for a few sentences; the LM's covers "
-                             f"the first {LM_ATTENTION_TOKENS} tokens, at most its training block)")
-    return parser
-
-
 def main(argv=None):
     parser = argument_parser()
     args = parser.parse_args(argv)
@@ -355,7 +235,7 @@ def main(argv=None):
             files.check_writable(args.output, option="--output")
         if args.attention:
             files.check_writable(args.attention, directory=True, option="--attention")
-        kind = get_task(args.task).KIND
+        kind = get_task(args.task).kind
         directory = Path(args.models or Path("models") / args.task)
         check_options(parser, args, kind, directory)  # before the model loads
         for option, path in (("--input", args.input), ("--score", args.score)):

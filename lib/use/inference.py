@@ -21,213 +21,22 @@ for a text) a ``TypeError`` naming it. ``python -m lib.use.generate`` is the com
 """
 
 import numbers
-import unicodedata
 import warnings
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
 from lib.model import checkpoint
 from lib.data.pairs import Pairs, collate
-from transformer.greedy import Hypothesis
 from transformer.sampling import sampled
-from lib.evaluate.decode import score_outputs, translate_n_best
 from lib.core.distributed import device_named
 from lib.evaluate.evaluation import text_metrics
-from lib.data.tokenizer import continuation, decode, encode_sources, lm_ids, special_ids, unknown_note
-
-# What each option must be, by keyword: its type, then its range. One table for this module's methods and for
-# lib.use.generate's flags (argparse has given those their type).
-INTEGER, NUMBER = (numbers.Integral, "an integer"), (numbers.Real, "a number")
-# Upper bounds where memory and time grow with the value: a step of beam search scores beam x vocabulary
-# candidates.
-MOST_BEAM, MOST_NEW_TOKENS, MOST_SAMPLES = 1000, 100_000, 1000
-RANGES = {
-    "beam_size": (INTEGER, lambda v: 1 <= v <= MOST_BEAM, f"in [1, {MOST_BEAM}] (1: greedy)"),
-    "k": (INTEGER, lambda v: 1 <= v <= MOST_BEAM, f"in [1, {MOST_BEAM}]"),
-    "alpha": (NUMBER, lambda v: v >= 0, ">= 0"),
-    "max_extra_tokens": (INTEGER, lambda v: v >= 0, ">= 0"),
-    "max_tokens": (INTEGER, lambda v: v >= 1, ">= 1"),
-    "max_new_tokens": (INTEGER, lambda v: 1 <= v <= MOST_NEW_TOKENS, f"in [1, {MOST_NEW_TOKENS}]"),
-    "temperature": (NUMBER, lambda v: v > 0, "> 0"),
-    "top_k": (INTEGER, lambda v: v >= 0, ">= 0 (0: no top-k filter)"),
-    "top_p": (NUMBER, lambda v: 0 < v <= 1, "in (0, 1] (1: no nucleus filter)"),
-    "num_samples": (INTEGER, lambda v: 1 <= v <= MOST_SAMPLES, f"in [1, {MOST_SAMPLES}]"),
-    "seed": ((numbers.Integral, "an integer or a torch.Generator"), lambda v: -2 ** 63 <= v < 2 ** 64,
-             "in [-2**63, 2**64) (what torch's generator takes)"),
-}
-
-
-def out_of_range(values: dict, name=str) -> list[str]:
-    """A message for each option in ``values`` (keyword -> value) outside its ``RANGES``, named by ``name(keyword)``."""
-    return [f"{name(key)} {value}: must be {RANGES[key][2]}" for key, value in values.items()
-            if not RANGES[key][1](value)]
-
-
-def of_type(value, kind: tuple[type, str]) -> bool:
-    """Whether ``value`` is of ``kind`` (INTEGER or NUMBER; numpy's count too). True and False are neither: a
-    flag given for a count is a mistake."""
-    return isinstance(value, kind[0]) and not isinstance(value, bool)
-
-
-def check(**values):
-    """A TypeError naming every keyword not of its type (2.0 for an integer, "0.8" for a number), else a
-    ValueError naming every keyword out of its range."""
-    if errors := [f"{key} {value!r}: must be {RANGES[key][0][1]}" for key, value in values.items()
-                  if not of_type(value, RANGES[key][0])]:
-        raise TypeError("; ".join(errors))
-    if errors := out_of_range(values):
-        raise ValueError("; ".join(errors))
-
-
-def as_list(values, what: str, items: str) -> list:
-    """``values``, an iterable (a list, a tuple, a pandas Series, a tensor), as a list; else a TypeError naming
-    ``what`` as no str nor list of ``items`` (bytes are not text: decode them first)."""
-    if isinstance(values, (bytes, bytearray)) or not isinstance(values, Iterable):
-        raise TypeError(f"{what}: a str or a list of {items}, not {type(values).__name__}")
-    return values.tolist() if isinstance(values, torch.Tensor) else list(values)
-
-
-def texts_of(texts, what: str) -> tuple[list[str], bool]:
-    """(``texts`` as a list, whether one text was given): a str or an iterable of them, else a TypeError
-    naming ``what``."""
-    if isinstance(texts, str):
-        return [texts], True
-    texts = as_list(texts, what, "str")
-    if wrong := [i for i, text in enumerate(texts) if not isinstance(text, str)]:
-        first = texts[wrong[0]]
-        nan = isinstance(first, float) and first != first  # what pandas reads an empty cell as
-        raise TypeError(f"{what}[{wrong[0]}]: a str, not {type(first).__name__}"
-                        + (f" ({len(wrong)} such in all)" if len(wrong) > 1 else "")
-                        + (": NaN, an empty cell as pandas reads it (read_csv(..., keep_default_na=False) keeps it "
-                           "'')" if nan else ""))
-    return texts, False
-
-
-def text_of(text, what: str) -> str:
-    """``text``, or a TypeError naming ``what`` where it is not one str."""
-    if not isinstance(text, str):
-        raise TypeError(f"{what}: a str, not {type(text).__name__}")
-    return text
-
-
-def normalized(lines: list[str]) -> list[str]:
-    """Lines as the data was prepared: NFC, stripped."""
-    return [unicodedata.normalize("NFC", line).strip() for line in lines]
-
-
-def by_line(i: int) -> str:
-    return f"line {i + 1}"
-
-
-def by_index(i: int) -> str:
-    return f"sentences[{i}]"
-
-
-def read_sources(model, tokenizers, lines: list[str], where=by_line) -> tuple[dict[int, list[int]], list[str]]:
-    """The token ids of each line the model can take, by line index, and messages about the lines it
-    cannot (longer than its max_len) or reads in part as <unk>, each line named by ``where(index)``.
-    Empty lines are left out silently."""
-    unk = special_ids(tokenizers).unk
-    texts = normalized(lines)
-    sources, messages = {}, []
-    for i, (text, encoding) in enumerate(zip(texts, encode_sources(tokenizers, texts))):
-        if not text:
-            continue
-        if len(encoding.ids) > model.cfg.max_len:
-            messages.append(f"{where(i)}: {len(encoding.ids)} tokens, more than the model's max_len "
-                            f"{model.cfg.max_len}; its output is left empty")
-            continue
-        if note := unknown_note(text, encoding, unk):
-            messages.append(f"{where(i)}: {note}")
-        sources[i] = encoding.ids
-    return sources, messages
-
-
-Written = dict[int, tuple[list[int], list[Hypothesis]]]  # by line index: its source ids and outputs, best first
-
-
-def translate_lines(model, tokenizers, lines: list[str], beam_size: int, alpha: float, max_extra_tokens: int,
-                    max_tokens: int, n_best: int = 1, where=by_line) -> tuple[list[str], list[str], Written]:
-    """One output per line; the messages about the lines left empty or read in part as <unk>; and, by line
-    index, each translated line's source ids and its ``n_best`` outputs, best first, with their scores.
-    beam_size 1 is greedy search (beam search of one beam is greedy search, scored)."""
-    sources, messages = read_sources(model, tokenizers, lines, where)
-    keep = sorted(sources)
-    outputs = translate_n_best(model, [sources[i] for i in keep], special_ids(tokenizers), max_tokens,
-                               max_extra_tokens, beam_size, alpha, n_best)
-    translations = [""] * len(lines)
-    for i, text in zip(keep, decode(tokenizers.target, [hypotheses[0].tokens for hypotheses in outputs])):
-        translations[i] = text
-    return translations, messages, {i: (sources[i], hypotheses) for i, hypotheses in zip(keep, outputs)}
-
-
-def score_lines(model, tokenizers, lines: list[str], references: list[str], alpha: float, max_tokens: int,
-                where=by_line, what: str = "the output given") -> tuple[list[str], list[str], Written]:
-    """``translate_lines`` for outputs given rather than searched: each reference as the model scores it
-    (ending in eos), beside its source line; ``what`` names them in messages."""
-    if len(references) != len(lines):
-        raise ValueError(f"{len(references)} outputs for {len(lines)} sources: they must be parallel, one output "
-                         "per source")
-    sources, messages = read_sources(model, tokenizers, lines, where)
-    unk = special_ids(tokenizers).unk
-    texts, given = normalized(references), sorted(sources)
-    outputs = {}
-    for i, encoding in zip(given, tokenizers.target.encode_batch([texts[i] for i in given], add_special_tokens=False)):
-        if len(encoding.ids) + 1 > model.cfg.max_len:  # with its eos
-            messages.append(f"{where(i)}: {what} has {len(encoding.ids)} tokens and an eos, more "
-                            f"than the model's max_len {model.cfg.max_len}; not scored")
-            continue
-        if note := unknown_note(texts[i], encoding, unk):
-            messages.append(f"{where(i)}: {what}: {note}")
-        outputs[i] = encoding.ids
-    keep = sorted(outputs)
-    scored = score_outputs(model, [sources[i] for i in keep], [outputs[i] for i in keep], special_ids(tokenizers),
-                           max_tokens, alpha)
-    shown = [texts[i] if i in outputs else "" for i in range(len(lines))]
-    return shown, messages, {i: (sources[i], [h]) for i, h in zip(keep, scored)}
-
-
-@dataclass(frozen=True)
-class Output:
-    """A translation with what beam search knows of it."""
-
-    text: str
-    score: float  # log_prob / ((5 + tokens) / 6) ** alpha: what beam search ranks by
-    log_prob: float  # the model's log-probability of the output (natural log), eos included when it has one
-    tokens: int  # its length in tokens, the eos included
-    eos: bool  # ended with eos (False: cut at its length limit)
-    # Outputs given (``Translator.score``): the token the model found least likely there ("<eos>": the end),
-    # and its log-probability; where to look first.
-    least_likely: tuple[str, float] | None = None
-
-
-def outputs_of(tokenizer, hypotheses: list[Hypothesis]) -> list[Output]:
-    """Hypotheses as Outputs, their token ids decoded."""
-    return [Output(text, h.score, h.log_prob, len(h.tokens) + h.eos, h.eos, least_likely(tokenizer, h))
-            for h, text in zip(hypotheses, decode(tokenizer, [h.tokens for h in hypotheses]))]
-
-
-def least_likely(tokenizer, h: Hypothesis) -> tuple[str, float] | None:
-    """The output token the model found least likely, and its log-probability; None where the per-token
-    log-probabilities are not known (a search's outputs)."""
-    if not h.token_log_probs:
-        return None
-    j = min(range(len(h.token_log_probs)), key=h.token_log_probs.__getitem__)
-    return tokenizer.id_to_token(h.tokens[j]) if j < len(h.tokens) else "<eos>", h.token_log_probs[j]
-
-
-@dataclass(frozen=True)
-class Attention:
-    """One kind of attention over a text, every layer and head, as
-    ``lib.report.figures.plot_attention_grid(a.layers, a.rows, a.cols, title, path)`` draws it."""
-
-    layers: list[torch.Tensor]  # per layer (H, len(rows), len(cols)): how much each row's position reads each column
-    rows: list[str]  # the positions reading: for a decoder, labelled by the token each chose
-    cols: list[str]  # the positions read
-
+from lib.evaluate.options import OPTIONS, check, model_defaults
+from lib.report.attention_maps import attention_maps, token_strings
+from lib.use.lines import (Attention, Output, as_list, by_index, outputs_of, score_lines, text_of, texts_of,
+                           translate_lines)
+from lib.data.tokenizer import continuation, lm_ids, special_ids
 
 def _warn(messages: list[str], what: str):
     for message in messages:
@@ -235,29 +44,40 @@ def _warn(messages: list[str], what: str):
 
 
 class Translator:
-    """A seq2seq model and its tokenizers. ``max_tokens``: the token budget of a batch of sources."""
+    """A seq2seq model and its tokenizers. ``defaults``: the options a method left unset takes (by default the
+    schema's, lib.evaluate.options; ``load`` gives those the evaluate stage decoded with), ``max_tokens`` among
+    them: the token budget of a batch of sources."""
 
-    def __init__(self, model, tokenizers, max_tokens: int = 8192):
-        check(max_tokens=max_tokens)
-        self.model, self.tokenizers, self.max_tokens = model, tokenizers, max_tokens
+    def __init__(self, model, tokenizers, max_tokens: int | None = None, defaults: dict | None = None):
+        self.defaults = {name: option.default for name, option in OPTIONS.items()} | (defaults or {})
+        self.defaults |= {} if max_tokens is None else {"max_tokens": max_tokens}
+        check(max_tokens=self.defaults["max_tokens"])
+        self.model, self.tokenizers, self.max_tokens = model, tokenizers, self.defaults["max_tokens"]
 
-    def translate(self, sentences: str | list[str], beam_size: int = 1, alpha: float = 0.6,
-                  max_extra_tokens: int = 20) -> str | list[str]:
+    def _or_default(self, **values) -> list:
+        return [self.defaults[name] if value is None else value for name, value in values.items()]
+
+    def translate(self, sentences: str | list[str], beam_size: int | None = None, alpha: float | None = None,
+                  max_extra_tokens: int | None = None) -> str | list[str]:
         """The best output for each sentence: greedy search (beam_size 1) or beam search ranked by GNMT's
         length penalty ``alpha``; at most the sentence's length + ``max_extra_tokens`` tokens (eos included).
-        A sentence empty or longer than the model's max_len gets "" (with a warning for the long one)."""
+        A sentence empty or longer than the model's max_len gets "" (with a warning for the long one). An
+        option left out is the model's default (``defaults``)."""
+        beam_size, alpha, max_extra_tokens = self._or_default(beam_size=beam_size, alpha=alpha,
+                                                              max_extra_tokens=max_extra_tokens)
         lines, one = texts_of(sentences, "sentences")
         found, messages = self._search(lines, 1, beam_size, alpha, max_extra_tokens)
         _warn(messages, "translate")
         texts = [outputs[0].text if outputs else "" for outputs in found]
         return texts[0] if one else texts
 
-    def n_best(self, sentences: str | list[str], k: int, beam_size: int | None = None, alpha: float = 0.6,
-               max_extra_tokens: int = 20) -> list[Output] | list[list[Output]]:
-        """Each sentence's ``k`` best outputs, best first, from beam search of ``beam_size`` (default k) beams;
-        none for a sentence empty or too long."""
-        check(k=k)
-        beam_size = k if beam_size is None else beam_size
+    def n_best(self, sentences: str | list[str], k: int, beam_size: int | None = None, alpha: float | None = None,
+               max_extra_tokens: int | None = None) -> list[Output] | list[list[Output]]:
+        """Each sentence's ``k`` best outputs, best first, from beam search of ``beam_size`` (default: k or the
+        model's default, whichever is wider) beams; none for a sentence empty or too long."""
+        check(lambda name: "k", n_best=k)
+        beam_size = max(k, self.defaults["beam_size"]) if beam_size is None else beam_size
+        alpha, max_extra_tokens = self._or_default(alpha=alpha, max_extra_tokens=max_extra_tokens)
         check(beam_size=beam_size)
         if k > beam_size:
             raise ValueError(f"k {k}: must be in [1, beam_size {beam_size}] (the beam holds that many outputs)")
@@ -274,11 +94,12 @@ class Translator:
         return [outputs_of(self.tokenizers.target, written[i][1]) if i in written else []
                 for i in range(len(lines))], messages
 
-    def score(self, sentences: str | list[str], outputs: str | list[str], alpha: float = 0.6
+    def score(self, sentences: str | list[str], outputs: str | list[str], alpha: float | None = None
               ) -> Output | None | list[Output | None]:
         """Each output given (a reference translation, say) as the model scores it for its sentence, the way
         beam search would, ending in eos (an empty output is the eos alone); None where the sentence is
         empty, or it or its output is longer than the model's max_len."""
+        (alpha,) = self._or_default(alpha=alpha)
         check(alpha=alpha)
         lines, one = texts_of(sentences, "sentences")
         _, messages, written = score_lines(self.model, self.tokenizers, lines, texts_of(outputs, "outputs")[0], alpha,
@@ -292,8 +113,6 @@ class Translator:
         """The attention that writes ``output`` (default: the greedy translation) for ``sentence``, with the
         model teacher-forced on it: "encoder self-attention" over the source tokens, "decoder
         self-attention" and "cross-attention" with a row for each step, labelled by the token it chose."""
-        from lib.report.figures import attention_maps, token_strings
-
         text_of(sentence, "sentence")
         if output is not None:
             text_of(output, "output")
@@ -322,10 +141,15 @@ class Translator:
 
 
 class LanguageModel:
-    """A decoder-only LM and its tokenizer; ``block_size``: the most tokens it reads (its training block)."""
+    """A decoder-only LM and its tokenizer; ``block_size``: the most tokens it reads (its training block);
+    ``defaults``: the sampling options a method left unset takes (as in ``Translator``)."""
 
-    def __init__(self, model, tokenizers, block_size: int):
+    def __init__(self, model, tokenizers, block_size: int, defaults: dict | None = None):
         self.model, self.tokenizers, self.block_size = model, tokenizers, block_size
+        self.defaults = {name: option.default for name, option in OPTIONS.items()} | (defaults or {})
+
+    def _or_default(self, **values) -> list:
+        return [self.defaults[name] if value is None else value for name, value in values.items()]
 
     def _ids(self, text: str, what: str) -> list[int]:
         ids, messages = lm_ids(self.tokenizers, text, what)
@@ -338,21 +162,28 @@ class LanguageModel:
         ids, vocab_size = as_list(ids, what, "token ids"), self.model.generator.out_features
         if not ids:
             raise ValueError(f"{what}: no tokens")
-        if wrong := [i for i in ids if not (of_type(i, INTEGER) and 0 <= i < vocab_size)]:
+        if wrong := [i for i in ids if not (isinstance(i, numbers.Integral) and not isinstance(i, bool)
+                                            and 0 <= i < vocab_size)]:
             raise ValueError(f"{what}: {wrong[0]!r} is not a token id (an integer in [0, {vocab_size}))")
         return ids
 
-    def sampled_ids(self, prompt: list[int], max_new_tokens: int = 200, temperature: float = 0.8, top_k: int = 0,
-                    top_p: float = 1.0, seed: int | torch.Generator = 0) -> Iterator[int]:
+    def sampled_ids(self, prompt: list[int], max_new_tokens: int | None = None, temperature: float | None = None,
+                    top_k: int | None = None, top_p: float | None = None, seed: int | torch.Generator | None = None
+                    ) -> Iterator[int]:
         """``stream`` on token ids: the new ones, each as it is drawn."""
         prompt = self.token_ids(prompt, "prompt")
+        max_new_tokens, temperature, top_k, top_p, seed = self._or_default(
+            max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        if not isinstance(seed, torch.Generator) and not OPTIONS["seed"].of_type(seed):
+            raise TypeError(f"seed {seed!r}: must be an integer or a torch.Generator")
         check(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
               **({} if isinstance(seed, torch.Generator) else {"seed": seed}))
         generator = seed if isinstance(seed, torch.Generator) else torch.Generator().manual_seed(seed)
         return sampled(self.model, prompt, max_new_tokens, temperature, top_k, generator, self.block_size, top_p)
 
-    def stream(self, prompt: str, max_new_tokens: int = 200, temperature: float = 0.8, top_k: int = 0,
-               top_p: float = 1.0, seed: int | torch.Generator = 0) -> Iterator[str]:
+    def stream(self, prompt: str, max_new_tokens: int | None = None, temperature: float | None = None,
+               top_k: int | None = None, top_p: float | None = None, seed: int | torch.Generator | None = None
+               ) -> Iterator[str]:
         """``sample``'s continuation, as it is drawn: the pieces of text the new tokens add, one at a time
         (``for piece in lm.stream("ROMEO:"): print(piece, end="", flush=True)``)."""
         if not text_of(prompt, "prompt"):
@@ -361,8 +192,8 @@ class LanguageModel:
         tokens = self.sampled_ids(ids, max_new_tokens, temperature, top_k, top_p, seed)
         return continuation(self.tokenizers.target, list(ids), tokens)  # a copy: it grows, the prompt may not
 
-    def sample(self, prompt: str, max_new_tokens: int = 200, temperature: float = 0.8, top_k: int = 0,
-               top_p: float = 1.0, seed: int | torch.Generator = 0) -> str:
+    def sample(self, prompt: str, max_new_tokens: int | None = None, temperature: float | None = None,
+               top_k: int | None = None, top_p: float | None = None, seed: int | torch.Generator | None = None) -> str:
         """The prompt and ``max_new_tokens`` more, drawn one at a time with ``temperature``, from the ``top_k``
         likeliest (0: all) and the nucleus of probability ``top_p`` (1: all). ``seed``: an int for a draw
         of its own, or a CPU ``torch.Generator`` to draw from (several samples from one, say)."""
@@ -383,8 +214,6 @@ class LanguageModel:
         """The "self-attention" over the first ``block_size`` tokens of ``text`` (or of these token ids): a
         row for each position (predicting the next token) and a column for each position it may read, both
         labelled by the position's token."""
-        from lib.report.figures import token_strings
-
         ids = self.token_ids(self._ids(text, "the text") if isinstance(text, str) else text, "text")
         shown = torch.tensor(ids[:self.block_size])  # (T,)
         with torch.no_grad():
@@ -400,12 +229,12 @@ def load(directory: str | Path, device: str | torch.device = "cpu", task: str | 
     where there is one); with ``task``, one trained for it. A leading ``~`` in ``directory`` is the home
     directory. ``.state``: what model.pt records beside the weights (its config, step, validation loss)."""
     model, tokenizers, state = checkpoint.load_directory(directory, device_named(device), task=task)
-    loaded = _loaded(model, tokenizers, state)
+    loaded = _loaded(model, tokenizers, state, model_defaults(directory))
     loaded.state = {key: value for key, value in state.items() if key != "model"}
     return loaded
 
 
-def _loaded(model, tokenizers, state: dict) -> Translator | LanguageModel:
+def _loaded(model, tokenizers, state: dict, defaults: dict) -> Translator | LanguageModel:
     if state["kind"] == "lm":
-        return LanguageModel(model, tokenizers, state["block_size"])
-    return Translator(model, tokenizers)
+        return LanguageModel(model, tokenizers, state["block_size"], defaults)
+    return Translator(model, tokenizers, defaults=defaults)

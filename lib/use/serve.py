@@ -18,24 +18,26 @@ side by side would only share them, each slower. The server binds 127.0.0.1 unle
 import argparse
 import json
 import logging
-import numbers
 import threading
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from flask import Flask, Response, jsonify, request
+from flask import Flask, Response, current_app, jsonify, request
 from werkzeug.exceptions import HTTPException, NotFound
 
+from lib.evaluate.options import OPTIONS
 from lib.use import inference
 from lib.report.attention_view import served_view
 from lib.report.pages import STATIC, attention_view, page
-from lib.tasks import TASKS
+from lib.tasks import task_names
 
 log = logging.getLogger(__name__)
 
-# What a request may ask, at most: the input read, the search's width, the tokens drawn, the body's bytes.
-MOST_CHARS, MOST_TEXTS, MOST_BEAM, MOST_NEW_TOKENS, MOST_BODY = 2000, 64, 16, 2000, 256 * 1024
+# What a request may ask, at most: the input read and the body's bytes (the options' bounds are the schema's).
+MOST_CHARS, MOST_TEXTS, MOST_BODY = 2000, 64, 256 * 1024
+MOST_BEAM = OPTIONS["beam_size"].served_high
 
 
 class BadRequest(ValueError):
@@ -46,38 +48,47 @@ class BadRequest(ValueError):
         self.field = field
 
 
-def integer(body: dict, field: str, default: int, low: int, high: int) -> int:
-    value = body.get(field, default)
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise BadRequest(field, f"{value!r} is not an integer")
-    if not low <= value <= high:
-        raise BadRequest(field, f"{value} is not in [{low}, {high}]")
-    return int(value)
+@dataclass
+class Served:
+    """What the app holds: the task's model, loaded once, and the lock that lets one request run it at a time."""
+
+    task: str
+    model: inference.Translator | inference.LanguageModel
+    metrics: Path | None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def lm(self) -> bool:
+        return isinstance(self.model, inference.LanguageModel)
 
 
-def number(body: dict, field: str, default: float, low: float, high: float, low_open: bool = False) -> float:
-    value = body.get(field, default)
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise BadRequest(field, f"{value!r} is not a number")
-    if not (low < value if low_open else low <= value) or value > high:
-        raise BadRequest(field, f"{value} is not in {'(' if low_open else '['}{low}, {high}]")
-    return float(value)
+def served() -> Served:
+    return current_app.extensions["served"]
 
 
-def flag(body: dict, field: str) -> bool:
-    value = body.get(field, False)
-    if not isinstance(value, bool):
-        raise BadRequest(field, f"{value!r} is not true or false")
+def option(body: dict, name: str, default=None):
+    """The request's value of a generation option (lib.evaluate.options), within the server's bounds; the model's
+    default where the body leaves it out."""
+    value = body.get(name, served().model.defaults[name] if default is None else default)
+    if problem := OPTIONS[name].problem(value, served=True):
+        raise BadRequest(name, f"{name} {problem}")
     return value
 
 
-def text(value, field: str) -> str:
+def flag(body: dict, name: str) -> bool:
+    value = body.get(name, False)
+    if not isinstance(value, bool):
+        raise BadRequest(name, f"{value!r} is not true or false")
+    return value
+
+
+def text(value, name: str) -> str:
     if not isinstance(value, str):
-        raise BadRequest(field, f"{value!r} is not a string")
+        raise BadRequest(name, f"{value!r} is not a string")
     if not value.strip():
-        raise BadRequest(field, "empty")
+        raise BadRequest(name, "empty")
     if len(value) > MOST_CHARS:
-        raise BadRequest(field, f"{len(value)} characters; at most {MOST_CHARS}")
+        raise BadRequest(name, f"{len(value)} characters; at most {MOST_CHARS}")
     return value
 
 
@@ -93,136 +104,147 @@ def body_of(fields: set[str], required: str) -> dict:
     return body
 
 
-def checked(work):
-    """``work()`` with the model's own refusals (an option out of range, a ``ValueError`` naming it) as a
-    400, and its warnings (a word read as <unk>, a text past max_len) returned beside the result."""
+def checked(work, name: str):
+    """``work()``, with its warnings (a word read as <unk>, a text past max_len) returned beside the result. Every
+    option is checked before it runs, so what the model refuses is the text it was given: a 400 naming ``name``."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
             result = work()
-        except BadRequest:
-            raise
         except (ValueError, TypeError) as err:
-            raise BadRequest(str(err).split(":")[0].split()[0], str(err)) from None
+            raise BadRequest(name, str(err)) from None
     return result, [str(w.message) for w in caught]
+
+
+def only(kind_lm: bool, route: str):
+    if served().lm != kind_lm:
+        raise NotFound(f"{route} is for {'a language model' if kind_lm else 'a translation task'}; this server's "
+                       f"model ({served().task}) takes {'/api/generate' if served().lm else '/api/translate'}")
+
+
+def bad_request(err: BadRequest):
+    return jsonify(error=str(err), field=err.field), 400
+
+
+def http_error(err: HTTPException):  # 404, 405, 413 (a body past MOST_BODY): JSON, as every reply
+    return jsonify(error=f"{err.code} {err.name}: {err.description}"), err.code
+
+
+def unforeseen(err: Exception):  # a bug: logged here, never a traceback in the reply
+    log.exception("unforeseen error serving %s", request.path)
+    return jsonify(error="internal error (logged by the server)"), 500
+
+
+def healthz():
+    return jsonify(status="ok")
+
+
+def info():
+    state, shown = served(), served().metrics
+    return jsonify(task=state.task, kind="lm" if state.lm else "seq2seq",
+                   trained_with=json.loads(json.dumps(state.model.state, default=str)),
+                   decodes_with={name: state.model.defaults[name] for name in (LM if state.lm else TRANSLATION)},
+                   metrics=json.loads(shown.read_text()) if shown and shown.is_file() else None)
+
+
+TRANSLATION = ("beam_size", "alpha", "n_best")  # the options /api/translate takes
+LM = ("max_new_tokens", "temperature", "top_k", "top_p", "seed")  # and /api/generate
+
+
+def translate():
+    only(False, "/api/translate")
+    body = body_of({"text", "attention", *TRANSLATION}, "text")
+    texts = body["text"]
+    one = isinstance(texts, str)
+    texts = [texts] if one else texts
+    if not isinstance(texts, list) or not 1 <= len(texts) <= MOST_TEXTS:
+        raise BadRequest("text", f"a string, or a list of 1 to {MOST_TEXTS} strings")
+    texts = [text(value, "text") for value in texts]
+    beam_size, alpha, n_best = option(body, "beam_size"), option(body, "alpha"), option(body, "n_best", 1)
+    if n_best > beam_size:
+        raise BadRequest("n_best", f"n_best {n_best}: must be in [1, beam_size {beam_size}]")
+    shown, model = flag(body, "attention"), served().model
+    with served().lock, torch.inference_mode():
+        found, notes = checked(lambda: model.n_best(texts, n_best, beam_size, alpha), "text")
+        views, more = checked(lambda: [served_view(model.attention(t, outputs[0].text), t, {
+            "source": t, "output": outputs[0].text}) if outputs and shown else None
+            for t, outputs in zip(texts, found)], "text")
+    results = []
+    for t, outputs, view in zip(texts, found, views):
+        result = {"text": t, "translation": outputs[0].text if outputs else ""}
+        if n_best > 1:
+            result["n_best"] = [{"text": o.text, "score": o.score, "log_prob": o.log_prob} for o in outputs]
+        if view is not None:
+            result["attention"] = view
+        results.append(result)
+    reply = results[0] if one else {"results": results}
+    return jsonify({**reply, "warnings": notes + more})
+
+
+def generate():
+    only(True, "/api/generate")
+    body = body_of({"prompt", "stream", *LM}, "prompt")
+    prompt = text(body["prompt"], "prompt")
+    options = {name: option(body, name) for name in LM}
+    state = served()
+    if not flag(body, "stream"):
+        with state.lock, torch.inference_mode():
+            continuation, notes = checked(lambda: "".join(state.model.stream(prompt, **options)), "prompt")
+        return jsonify(prompt=prompt, continuation=continuation, text=prompt + continuation, warnings=notes)
+    with state.lock:  # the first piece's errors are a 400, before the stream starts
+        pieces, notes = checked(lambda: state.model.stream(prompt, **options), "prompt")
+
+    def events():  # server-sent events: a piece each, then "end"
+        with state.lock, torch.inference_mode():
+            for note in notes:
+                yield f"event: warning\ndata: {json.dumps(note)}\n\n"
+            for piece in pieces:
+                yield f"data: {json.dumps(piece)}\n\n"
+        yield "event: end\ndata: {}\n\n"
+    return Response(events(), mimetype="text/event-stream")
+
+
+def attention():
+    body = body_of({"text"}, "text")
+    given = text(body["text"], "text")
+    with served().lock, torch.inference_mode():
+        found, notes = checked(lambda: served().model.attention(given), "text")
+    return jsonify(attention=served_view(found, given[:60], {"text": given}), warnings=notes)
+
+
+def index():
+    return Response(current_app.extensions["page"], mimetype="text/html")
 
 
 def create_app(task: str, models: str | Path, metrics: str | Path | None = None) -> Flask:
     """The app over the model in ``models`` (model.pt and tokenizer/), loaded once."""
     model = inference.load(models, task=task)
-    lm = isinstance(model, inference.LanguageModel)
-    lock = threading.Lock()
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = MOST_BODY
-
-    @app.errorhandler(BadRequest)
-    def bad_request(err: BadRequest):
-        return jsonify(error=str(err), field=err.field), 400
-
-    @app.errorhandler(HTTPException)
-    def http_error(err: HTTPException):  # 404, 405, 413 (a body past MOST_BODY): JSON, as every reply
-        return jsonify(error=f"{err.code} {err.name}: {err.description}"), err.code
-
-    @app.errorhandler(Exception)
-    def unforeseen(err: Exception):  # a bug: logged here, never a traceback in the reply
-        log.exception("unforeseen error serving %s", request.path)
-        return jsonify(error="internal error (logged by the server)"), 500
-
-    def only(kind_lm: bool, route: str):
-        if lm != kind_lm:
-            raise NotFound(f"{route} is for {'a language model' if kind_lm else 'a translation task'}; this "
-                           f"server's model ({task}) takes {'/api/generate' if lm else '/api/translate'}")
-
-    @app.get("/healthz")
-    def healthz():
-        return jsonify(status="ok")
-
-    @app.get("/api/info")
-    def info():
-        shown = Path(metrics) if metrics else None
-        return jsonify(task=task, kind="lm" if lm else "seq2seq", trained_with=json.loads(json.dumps(model.state,
-                       default=str)), metrics=json.loads(shown.read_text()) if shown and shown.is_file() else None)
-
-    @app.post("/api/translate")
-    def translate():
-        only(False, "/api/translate")
-        body = body_of({"text", "beam_size", "alpha", "n_best", "attention"}, "text")
-        texts = body["text"]
-        one = isinstance(texts, str)
-        texts = [texts] if one else texts
-        if not isinstance(texts, list) or not 1 <= len(texts) <= MOST_TEXTS:
-            raise BadRequest("text", f"a string, or a list of 1 to {MOST_TEXTS} strings")
-        texts = [text(value, "text") for value in texts]
-        beam_size = integer(body, "beam_size", 1, 1, MOST_BEAM)
-        n_best = integer(body, "n_best", 1, 1, beam_size)
-        alpha = number(body, "alpha", 0.6, 0.0, 10.0)
-        shown = flag(body, "attention")
-        with lock, torch.inference_mode():
-            found, notes = checked(lambda: model.n_best(texts, n_best, beam_size, alpha))
-            views, more = checked(lambda: [served_view(model.attention(t, outputs[0].text), t, {
-                "source": t, "output": outputs[0].text}) if outputs and shown else None
-                for t, outputs in zip(texts, found)])
-        results = []
-        for t, outputs, view in zip(texts, found, views):
-            result = {"text": t, "translation": outputs[0].text if outputs else ""}
-            if n_best > 1:
-                result["n_best"] = [{"text": o.text, "score": o.score, "log_prob": o.log_prob} for o in outputs]
-            if view is not None:
-                result["attention"] = view
-            results.append(result)
-        reply = results[0] if one else {"results": results}
-        return jsonify({**reply, "warnings": notes + more})
-
-    @app.post("/api/generate")
-    def generate():
-        only(True, "/api/generate")
-        body = body_of({"prompt", "max_new_tokens", "temperature", "top_k", "top_p", "seed", "stream"}, "prompt")
-        prompt = text(body["prompt"], "prompt")
-        options = dict(max_new_tokens=integer(body, "max_new_tokens", 200, 1, MOST_NEW_TOKENS),
-                       temperature=number(body, "temperature", 0.8, 0.0, 100.0, low_open=True),
-                       top_k=integer(body, "top_k", 0, 0, 1_000_000), top_p=number(body, "top_p", 1.0, 0.0, 1.0, True),
-                       seed=integer(body, "seed", 0, 0, 2 ** 63 - 1))
-        if not flag(body, "stream"):
-            with lock, torch.inference_mode():
-                continuation, notes = checked(lambda: "".join(model.stream(prompt, **options)))
-            return jsonify(prompt=prompt, continuation=continuation, text=prompt + continuation, warnings=notes)
-        with lock:  # the first piece's errors are a 400, before the stream starts
-            pieces, notes = checked(lambda: model.stream(prompt, **options))
-
-        def events():  # server-sent events: a piece each, then "end"
-            with lock, torch.inference_mode():
-                for note in notes:
-                    yield f"event: warning\ndata: {json.dumps(note)}\n\n"
-                for piece in pieces:
-                    yield f"data: {json.dumps(piece)}\n\n"
-            yield "event: end\ndata: {}\n\n"
-        return Response(events(), mimetype="text/event-stream")
-
-    @app.post("/api/attention")
-    def attention():
-        body = body_of({"text"}, "text")
-        given = text(body["text"], "text")
-        with lock, torch.inference_mode():
-            found, notes = checked(lambda: model.attention(given))
-        return jsonify(attention=served_view(found, given[:60], {"text": given}), warnings=notes)
-
-    the_page = app_page(task, lm)  # made once: it changes with the model alone
-
-    @app.get("/")
-    def index():
-        return Response(the_page, mimetype="text/html")
-
+    app.extensions["served"] = Served(task, model, Path(metrics) if metrics else None)
+    app.extensions["page"] = app_page(task, isinstance(model, inference.LanguageModel), model.defaults)
+    app.register_error_handler(BadRequest, bad_request)
+    app.register_error_handler(HTTPException, http_error)
+    app.register_error_handler(Exception, unforeseen)
+    for rule, handler, methods in (("/healthz", healthz, ["GET"]), ("/api/info", info, ["GET"]),
+                                   ("/api/translate", translate, ["POST"]), ("/api/generate", generate, ["POST"]),
+                                   ("/api/attention", attention, ["POST"]), ("/", index, ["GET"])):
+        app.add_url_rule(rule, view_func=handler, methods=methods)
     return app
 
 
-def app_page(task: str, lm: bool) -> str:
-    """The served model's page: its form, the output, and the report's attention view."""
+def app_page(task: str, lm: bool, defaults: dict) -> str:
+    """The served model's page: its form (the model's default options filled in), the output, and the report's
+    attention view."""
     what, box = ("Continue a text", "ROMEO:") if lm else ("Translate", "")
+    most = {name: f"{option.served_high:g}" for name, option in OPTIONS.items() if option.served_high}
     form = (f'<form id="ask"><label for="input">{what}</label><br><textarea id="input" rows="3" cols="80" '
             f'placeholder="{"a prompt" if lm else "a sentence"}">{box}</textarea><br>'
-            + ('<label>tokens <input id="max_new_tokens" type="number" value="200" min="1" max="2000"></label> '
-               '<label>temperature <input id="temperature" type="number" value="0.8" step="0.1" min="0.1"></label> '
-               if lm else '<label>beam size <input id="beam_size" type="number" value="1" min="1" max="16"></label> ')
+            + (f'<label>tokens <input id="max_new_tokens" type="number" value="{defaults["max_new_tokens"]}" min="1" '
+               f'max="{most["max_new_tokens"]}"></label> <label>temperature <input id="temperature" type="number" '
+               f'value="{defaults["temperature"]}" step="0.1" min="0.1"></label> '
+               if lm else f'<label>beam size <input id="beam_size" type="number" value="{defaults["beam_size"]}" '
+               f'min="1" max="{most["beam_size"]}"></label> ')
             + '<button type="submit" id="submit">Run</button></form>')
     body = (f'<main data-kind="{"lm" if lm else "seq2seq"}"><h1>{task}</h1>\n{form}\n'
             '<h2>Output</h2><pre id="output"></pre><p class="legend" id="notes"></p>\n'
@@ -232,7 +254,7 @@ def app_page(task: str, lm: bool) -> str:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m lib.use.serve", description=__doc__.splitlines()[0])
-    parser.add_argument("--task", required=True, choices=TASKS)
+    parser.add_argument("--task", required=True, choices=task_names())
     parser.add_argument("--models", help="model.pt and tokenizer/ (default: models/<task>)")
     parser.add_argument("--metrics", help="its metrics.json, for /api/info (default: reports/<task>/metrics.json)")
     parser.add_argument("--host", default="127.0.0.1", help="the address to bind (default: 127.0.0.1, this machine)")
