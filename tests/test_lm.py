@@ -15,6 +15,7 @@ import yaml
 
 from lib.model import device
 from lib.evaluate import evaluation
+from lib.evaluate.evaluation import EvaluatePaths
 from lib.report.reporting import ReportPaths
 from lib.report import reporting
 from lib.train import run
@@ -63,8 +64,9 @@ def lm_built(tmp_path_factory):
                                            max_len=16))
     p["summary"] = training.run("shakespeare", cfg, p["data"], p["tok"], p["model"], p["ckpt"], p["live"])
     eval_cfg = LMEvaluateConfig(prompts=("ROMEO:\n", "JU"), max_new_tokens=30, temperature=0.8, top_k=5, seed=0)
-    p["metrics_dict"] = evaluation.run("shakespeare", eval_cfg, p["data"], p["tok"], p["model"], p["metrics"],
-                                       p["samples"], p["lengths"])
+    p["metrics_dict"] = evaluation.run("shakespeare", eval_cfg, EvaluatePaths(
+        data=p["data"], tokenizer=p["tok"], model=p["model"], metrics=p["metrics"], samples=p["samples"],
+        lengths=p["lengths"]))
     reporting.run("shakespeare", LMReportConfig(passage_tokens=12), ReportPaths(
                       data=p["data"], tokenizer=p["tok"], model=p["model"], metrics=p["metrics"],
                       samples=p["samples"], lengths=p["lengths"], live=p["live"],
@@ -337,8 +339,9 @@ def test_an_evaluate_prompt_the_model_cannot_read_is_named_in_the_log(lm_built, 
     cfg = LMEvaluateConfig(prompts=("JU", "RO\u2019\u2603ME"), max_new_tokens=5, temperature=0.8, top_k=5, seed=0)
     metrics, samples = tmp_path / "metrics.json", tmp_path / "samples.jsonl"
     with caplog.at_level("WARNING", logger="lib.evaluate.evaluation"):
-        evaluation.run("shakespeare", cfg, lm_built["data"], lm_built["tok"], lm_built["model"], metrics, samples,
-                       tmp_path / "by_length.csv")
+        evaluation.run("shakespeare", cfg, EvaluatePaths(
+            data=lm_built["data"], tokenizer=lm_built["tok"], model=lm_built["model"], metrics=metrics,
+            samples=samples, lengths=tmp_path / "by_length.csv"))
     assert [r.getMessage() for r in caplog.records] == [
         "shakespeare.evaluate.prompts[1]: not in the model's vocabulary, read as <unk>: '\u2019\u2603'"]
     rows = pd.read_json(samples, lines=True, dtype=False)

@@ -21,6 +21,7 @@ import yaml
 
 from lib.model import checkpoint
 from lib.evaluate import by_length, evaluation
+from lib.evaluate.evaluation import EvaluatePaths
 from lib.model import losses
 from lib.report.reporting import ReportPaths
 from lib.report import attention_maps, reporting
@@ -313,8 +314,9 @@ def test_trains_evaluates_and_ties_embeddings(tmp_path, corpus, joint):
                       ("train", "live"): paths[4]}, "multi30k")  # source.json and target.json, when not joint
     params["multi30k"]["evaluate"]["beam_size"] = 3
     reports = tmp_path / "reports" / "multi30k"
-    metrics = evaluation.run("multi30k", cfg(params, "evaluate"), paths[0], paths[1], paths[2],
-                             reports / "metrics.json", reports / "samples.jsonl", reports / "by_length.csv")
+    metrics = evaluation.run("multi30k", cfg(params, "evaluate"), EvaluatePaths(
+        data=paths[0], tokenizer=paths[1], model=paths[2], metrics=reports / "metrics.json", samples=reports /
+        "samples.jsonl", lengths=reports / "by_length.csv"))
     assert {"bleu", "chrf", "bleu_signature", "seconds"} <= set(metrics["greedy"]) <= set(metrics["beam3"])
     assert metrics["valid_perplexity"] > 1.0
     # Whose fault the wrong outputs are, recomputed through lib.use.inference: each search is judged as it ranks,

@@ -30,6 +30,7 @@ from lib.report import captions
 from lib.model import checkpoint
 from lib.train import curves
 from lib.evaluate import evaluation
+from lib.evaluate.evaluation import EvaluatePaths
 from lib.evaluate.by_length import exact_up_to
 from lib.report import attention_maps
 from lib.core import files
@@ -73,8 +74,9 @@ def built(tmp_path_factory):
     run_tokenize("cumsum", cfg("tokenize"), p["data"], p["tokenizer"])
     p["summary"] = training.run("cumsum", cfg("train"), p["data"], p["tokenizer"], p["model"],
                                 p["checkpoints"], p["live"])
-    p["scores"] = evaluation.run("cumsum", cfg("evaluate"), p["data"], p["tokenizer"], p["model"],
-                                 p["metrics"], p["samples"], p["lengths"])
+    p["scores"] = evaluation.run("cumsum", cfg("evaluate"), EvaluatePaths(
+        data=p["data"], tokenizer=p["tokenizer"], model=p["model"], metrics=p["metrics"], samples=p["samples"],
+        lengths=p["lengths"]))
     reporting.run("cumsum", cfg("report"), ReportPaths(
                       data=p["data"], tokenizer=p["tokenizer"], model=p["model"], metrics=p["metrics"],
                       samples=p["samples"], lengths=p["lengths"], live=p["live"],
@@ -181,8 +183,9 @@ def test_a_full_disk_writing_the_metrics_keeps_the_last_samples_too(tmp_path, bu
         path.write_text(f"the last run's {name}")
     disk_full_writing(monkeypatch, "metrics.json")
     with pytest.raises(OSError, match=f"No space left on device: '{last['metrics']}'"):
-        evaluation.run("cumsum", stage_config(tiny_params, "cumsum", "evaluate"), built["data"], built["tokenizer"],
-                       built["model"], last["metrics"], last["samples"], last["lengths"])
+        evaluation.run("cumsum", stage_config(tiny_params, "cumsum", "evaluate"), EvaluatePaths(
+            data=built["data"], tokenizer=built["tokenizer"], model=built["model"], metrics=last["metrics"],
+            samples=last["samples"], lengths=last["lengths"]))
     assert {p.name: p.read_text() for p in tmp_path.iterdir()} == {
         "metrics.json": "the last run's metrics", "samples.jsonl": "the last run's samples",
         "by_length.csv": "the last run's lengths"}
@@ -200,12 +203,14 @@ def test_an_alpha_past_the_models_bound_is_named_as_the_param_before_evaluating(
         with pytest.raises(ValueError, match=re.escape(
                 "cumsum.evaluate.alpha 1000.0: the length penalty ((5 + length) / 6) ** alpha overflows at this "
                 "model's longest output (32 tokens) for an alpha above 48.8")):
-            evaluation.run("cumsum", stage_config(tiny_params, "cumsum", "evaluate"), built["data"],
-                           built["tokenizer"], built["model"], *outputs)
+            evaluation.run("cumsum", stage_config(tiny_params, "cumsum", "evaluate"), EvaluatePaths(
+                data=built["data"], tokenizer=built["tokenizer"], model=built["model"],
+        **dict(zip(("metrics", "samples", "lengths"), outputs))))
     assert losses == [] and not any(path.exists() for path in outputs)
     tiny_params["cumsum"]["evaluate"]["beam_size"] = 1
-    metrics = evaluation.run("cumsum", stage_config(tiny_params, "cumsum", "evaluate"), built["data"],
-                             built["tokenizer"], built["model"], *outputs)
+    metrics = evaluation.run("cumsum", stage_config(tiny_params, "cumsum", "evaluate"), EvaluatePaths(
+        data=built["data"], tokenizer=built["tokenizer"], model=built["model"],
+        **dict(zip(("metrics", "samples", "lengths"), outputs))))
     assert "beam2" not in metrics and all(path.exists() for path in outputs)
 
 
@@ -879,8 +884,9 @@ def test_a_model_of_another_task_is_named(tmp_path, built, capsys):
     out = {name: tmp_path / name for name in ("metrics.json", "samples.jsonl", "by_length.csv", "report.md",
                                               "figures", "losses.csv")}
     with pytest.raises(ValueError, match=message):
-        evaluation.run("multi30k", cfg("evaluate"), built["data"], built["tokenizer"], built["model"],
-                       out["metrics.json"], out["samples.jsonl"], out["by_length.csv"])
+        evaluation.run("multi30k", cfg("evaluate"), EvaluatePaths(
+            data=built["data"], tokenizer=built["tokenizer"], model=built["model"], metrics=out["metrics.json"],
+            samples=out["samples.jsonl"], lengths=out["by_length.csv"]))
     with pytest.raises(ValueError, match=message):
         reporting.run("multi30k", cfg("report"), ReportPaths(
                           data=built["data"], tokenizer=built["tokenizer"], model=built["model"],
@@ -1138,8 +1144,9 @@ def test_same_params_same_metrics(tmp_path, built):
     run_tokenize("cumsum", cfg("tokenize"), tmp_path / "data", tmp_path / "tok")
     training.run("cumsum", cfg("train"), tmp_path / "data", tmp_path / "tok", tmp_path / "model.pt",
                  tmp_path / "ckpt", tmp_path / "live")
-    evaluation.run("cumsum", cfg("evaluate"), tmp_path / "data", tmp_path / "tok", tmp_path / "model.pt",
-                   tmp_path / "metrics.json", tmp_path / "samples.jsonl", tmp_path / "by_length.csv")
+    evaluation.run("cumsum", cfg("evaluate"), EvaluatePaths(
+        data=tmp_path / "data", tokenizer=tmp_path / "tok", model=tmp_path / "model.pt", metrics=tmp_path /
+        "metrics.json", samples=tmp_path / "samples.jsonl", lengths=tmp_path / "by_length.csv"))
     def without_timings(path):
         metrics = json.loads(path.read_text())
         for search in ("greedy",):
@@ -1275,8 +1282,9 @@ def test_an_evaluated_split_the_model_cannot_read_is_named_before_training(tmp_p
     data = data_with(tmp_path / "other", built, test=pd.concat([pd.read_parquet(built["data"] / "test.parquet"), long]))
     outputs = tmp_path / "metrics.json", tmp_path / "samples.jsonl", tmp_path / "by_length.csv"
     with pytest.raises(ConfigError, match=r"max_len: 32 is shorter than the longest test sequence \(41 tokens\)"):
-        evaluation.run("cumsum", stage_config(tiny_params, "cumsum", "evaluate"), data, built["tokenizer"],
-                       built["model"], *outputs)
+        evaluation.run("cumsum", stage_config(tiny_params, "cumsum", "evaluate"), EvaluatePaths(
+            data=data, tokenizer=built["tokenizer"], model=built["model"],
+            **dict(zip(("metrics", "samples", "lengths"), outputs))))
     assert not any(path.exists() for path in outputs)
 
 

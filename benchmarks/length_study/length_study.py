@@ -41,6 +41,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from lib.evaluate import by_length, evaluation
+from lib.evaluate.evaluation import EvaluatePaths
 from lib.tasks.stages import run_tokenize
 from lib.train import training  # noqa: E402
 from lib.core.config import ConfigError
@@ -105,8 +106,9 @@ def main():
             training.run("cumsum", train_cfg, tmp / "data", tmp / "tok", run_dir / "model.pt",
                          run_dir / "ckpt", run_dir / "live")
             seconds = time.perf_counter() - start
-            metrics = evaluation.run("cumsum", cfg["evaluate"], tmp / "data", tmp / "tok", run_dir / "model.pt",
-                                     run_dir / "metrics.json", run_dir / "samples.jsonl", run_dir / "by_length.csv")
+            metrics = evaluation.run("cumsum", cfg["evaluate"], EvaluatePaths(
+                data=tmp / "data", tokenizer=tmp / "tok", model=run_dir / "model.pt", metrics=run_dir /
+                "metrics.json", samples=run_dir / "samples.jsonl", lengths=run_dir / "by_length.csv"))
             results[variant] = {"train_s": round(seconds, 1), "exact_match": metrics["greedy"]["exact_match"],
                                 "by_length": read_by_length((run_dir / "by_length.csv").read_text()),
                                 "stop_errors_by_length": stop_errors(run_dir / "samples.jsonl")}

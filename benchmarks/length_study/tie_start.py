@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from lib.evaluate import evaluation
+from lib.evaluate.evaluation import EvaluatePaths
 from lib.model import setup
 from lib.tasks.stages import run_tokenize
 from lib.train import training
@@ -104,8 +105,9 @@ def trained(variant: str, seed: int, tmp: Path) -> dict:
     training.run("cumsum", stage_config(params, "cumsum", "train"), data, tok, run_dir / "model.pt",
                  run_dir / "ckpt", run_dir / "live")
     seconds = time.perf_counter() - start
-    metrics = evaluation.run("cumsum", stage_config(params, "cumsum", "evaluate"), data, tok, run_dir / "model.pt",
-                             run_dir / "metrics.json", run_dir / "samples.jsonl")
+    metrics = evaluation.run("cumsum", stage_config(params, "cumsum", "evaluate"), EvaluatePaths(
+        data=data, tokenizer=tok, model=run_dir / "model.pt", metrics=run_dir / "metrics.json", samples=run_dir /
+        "samples.jsonl"))
     return {"train_s": round(seconds), "exact_match": metrics["greedy"]["exact_match"],
             "plateau_left_by_step": plateau_exit(run_dir / "live")}
 

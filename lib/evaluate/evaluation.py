@@ -12,6 +12,8 @@ import json
 import logging
 import math
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import pandas as pd
 import torch
@@ -54,16 +56,28 @@ def search_or_model(found: list[Hypothesis], references: list[Hypothesis]) -> di
     return {"search_errors": sum(search) / len(found), "model_errors": (sum(wrong) - sum(search)) / len(found)}
 
 
-def write_outputs(metrics: dict, samples: pd.DataFrame, by_length: pd.DataFrame, metrics_path, samples_path,
-                  lengths_path, cfg, generation_path=None):
+@dataclass(frozen=True)
+class EvaluatePaths:
+    """What the evaluate stage reads and writes, named by the --option dvc.yaml passes each as."""
+
+    data: Path  # the prepared splits
+    tokenizer: Path
+    model: Path  # model.pt
+    metrics: Path  # metrics.json
+    samples: Path  # samples.jsonl
+    lengths: Path  # by_length.csv
+    generation: Path | None = None  # generation.json beside model.pt: the settings decoded with (None: not written)
+
+
+def write_outputs(metrics: dict, samples: pd.DataFrame, by_length: pd.DataFrame, paths: EvaluatePaths, cfg):
     """All written beside their places, then moved in together: a failure writing any (a full disk) leaves the
-    last run's set, never new samples beside old metrics. ``generation_path``: the decoding settings of ``cfg``
-    (generation.json, beside the model), the defaults a user of the model then decodes with."""
-    if generation_path is None:
-        return write_results(metrics, samples, by_length, metrics_path, samples_path, lengths_path)
-    with atomic_path(generation_path) as settings_tmp:
+    last run's set, never new samples beside old metrics. generation.json holds the decoding settings of
+    ``cfg``, the defaults a user of the model then decodes with."""
+    if paths.generation is None:
+        return write_results(metrics, samples, by_length, paths.metrics, paths.samples, paths.lengths)
+    with atomic_path(paths.generation) as settings_tmp:
         write_defaults(settings_tmp, cfg)
-        write_results(metrics, samples, by_length, metrics_path, samples_path, lengths_path)
+        write_results(metrics, samples, by_length, paths.metrics, paths.samples, paths.lengths)
 
 
 def write_results(metrics: dict, samples: pd.DataFrame, by_length: pd.DataFrame, metrics_path, samples_path,
@@ -76,12 +90,11 @@ def write_results(metrics: dict, samples: pd.DataFrame, by_length: pd.DataFrame,
                 metrics_tmp.write_text(json.dumps(metrics, indent=2) + "\n")
 
 
-def evaluate_seq2seq(task, cfg: EvaluateConfig, data_dir, tokenizer_dir, model_path, metrics_path, samples_path,
-                     lengths_path, generation_path=None):
+def evaluate_seq2seq(task, cfg: EvaluateConfig, paths: EvaluatePaths):
     device = torch.device("cpu")
     chosen = get_task(task)
-    model, tokenizers, _ = checkpoint.load_trained(model_path, tokenizer_dir, device, task)
-    frames = {split: read_split(data_dir, split) for split in chosen.evaluated_splits}
+    model, tokenizers, _ = checkpoint.load_trained(paths.model, paths.tokenizer, device, task)
+    frames = {split: read_split(paths.data, split) for split in chosen.evaluated_splits}
     encoded = {split: encode_pairs(tokenizers, frame) for split, frame in frames.items()}
     check_evaluated_lengths(task, encoded, model.cfg.max_len)  # the data of another run, by hand
     if cfg.beam_size > 1:  # greedy search has no length penalty; beam search's is bounded by the model's max_len
@@ -90,7 +103,7 @@ def evaluate_seq2seq(task, cfg: EvaluateConfig, data_dir, tokenizer_dir, model_p
 
     test, pairs = frames["test"], encoded["test"]
     loss = mean_loss(model, pairs, ids, cfg.max_tokens, device)
-    valid_loss = mean_loss(model, encode_pairs(tokenizers, read_split(data_dir, "valid")), ids, cfg.max_tokens,
+    valid_loss = mean_loss(model, encode_pairs(tokenizers, read_split(paths.data, "valid")), ids, cfg.max_tokens,
                            device)
     references = test["tgt"].tolist()
     metrics = {"n_test": len(test), "loss": loss, "perplexity": perplexity(loss), "valid_loss": valid_loss,
@@ -126,7 +139,7 @@ def evaluate_seq2seq(task, cfg: EvaluateConfig, data_dir, tokenizer_dir, model_p
         samples = pd.concat([samples, rows], ignore_index=True)
     else:  # multi30k's BLEU by source length
         by_length = score_by_source_length(chosen, test["src"].tolist(), outputs["greedy"], references)
-    write_outputs(metrics, samples, by_length, metrics_path, samples_path, lengths_path, cfg, generation_path)
+    write_outputs(metrics, samples, by_length, paths, cfg)
     return metrics
 
 
@@ -190,11 +203,10 @@ def loss_by_length(totals: torch.Tensor, counts: torch.Tensor) -> pd.DataFrame:
                          "loss": (totals[read] / counts[read]).tolist()})
 
 
-def evaluate_lm(task, cfg: LMEvaluateConfig, data_dir, tokenizer_dir, model_path, metrics_path, samples_path,
-                lengths_path, generation_path=None):
-    model, tokenizers, state = checkpoint.load_trained(model_path, tokenizer_dir, task=task)
+def evaluate_lm(task, cfg: LMEvaluateConfig, paths: EvaluatePaths):
+    model, tokenizers, state = checkpoint.load_trained(paths.model, paths.tokenizer, task=task)
     tokenizer = tokenizers.target
-    text = read_text(data_dir, "valid")
+    text = read_text(paths.data, "valid")
     ids = encode_text(tokenizer, text)
     totals, counts = position_losses(model, ids, state["block_size"])
     metrics = scores(totals, counts, len(ids), len(text))
@@ -211,15 +223,12 @@ def evaluate_lm(task, cfg: LMEvaluateConfig, data_dir, tokenizer_dir, model_path
         tokens = sampled(model, prompt_ids, cfg.max_new_tokens, cfg.temperature, cfg.top_k, generator,
                          state["block_size"], cfg.top_p)
         rows.append({"prompt": prompt, "sample": "".join(continuation(tokenizer, prompt_ids, tokens))})
-    write_outputs(metrics, pd.DataFrame(rows), by_length, metrics_path, samples_path, lengths_path, cfg,
-                  generation_path)
+    write_outputs(metrics, pd.DataFrame(rows), by_length, paths, cfg)
     return metrics
 
 
-def run(task, cfg, data_dir, tokenizer_path, model_path, metrics_path, samples_path, lengths_path,
-        generation_path=None) -> dict:
-    """The evaluate stage, for the task's kind; with ``generation_path``, the settings it decoded with
+def run(task, cfg, paths: EvaluatePaths) -> dict:
+    """The evaluate stage, for the task's kind; with ``paths.generation``, the settings it decoded with
     (generation.json), which a user of the model decodes with by default."""
     evaluate = evaluate_lm if get_task(task).kind == "lm" else evaluate_seq2seq
-    return evaluate(task, cfg, data_dir, tokenizer_path, model_path, metrics_path, samples_path, lengths_path,
-                    generation_path)
+    return evaluate(task, cfg, paths)
