@@ -1,7 +1,7 @@
 """The fetch stage's means: a task's source files downloaded, or copied from a local copy, into sources/<task>.
 
 A download is streamed to a temporary file and checked against its published sha256 before it counts;
-lib.tasks.run_fetch writes the directory whole (lib.core.files.atomic_dir), so a failed or
+lib.tasks.stages.run_fetch writes the directory whole (lib.core.files.atomic_dir), so a failed or
 cut download leaves nothing that looks complete. manifest.json says where each file came from.
 """
 
