@@ -273,8 +273,8 @@ MUTATIONS = [
     ("a WORLD_SIZE torchrun did not set let through to torch's rendezvous (a KeyError, or a wait for ever)",
      "lib/stage/cli.py", "        check_launch(stage)\n        check_apart(", "        check_apart(", PIPELINE),
     ("another listed task's misspelt name left to dvc (cumsum's prepare ran, then 'No such file: .../multi30K.py')",
-     "lib/tasks/params.py", "    for name in tasks:\n        check_task_name(name)", "    for name in tasks[:0]:\n"
-     "        check_task_name(name)", PIPELINE + ["tests/test_report_page.py"]),
+     "lib/tasks/params.py", "    for name in tasks:\n        get_task(name)", "    for name in tasks[:0]:\n"
+     "        get_task(name)", PIPELINE + ["tests/test_report_page.py"]),
     ("a local rank beyond the machine's GPUs let through to CUDA's \"invalid device ordinal\"", "lib/core/distributed.py",
      "if not local.isdigit() or int(local) >= count:", "if not local.isdigit():", PIPELINE),
     ("a stage other than train let run under torchrun (two prepare processes raced to one temporary directory)",
@@ -299,8 +299,8 @@ MUTATIONS = [
     ("prepare's text splits (the LM's train.txt, valid.txt) taken for what it does not write", "lib/tasks/base.py",
      "prepared = (\"train.txt\", \"valid.txt\")", "prepared = SPLIT_FILES", PIPELINE),
     ("prepare's directory let hold any text or parquet file (a text source copied in, lost with it)", "lib/stage/cli.py",
-     "by_task = dict(zip(TASK_DIRECTORIES, ((MANIFEST, *task.fetched), task.prepared)))",
-     "by_task = dict.fromkeys(TASK_DIRECTORIES, (MANIFEST, \"*.gz\", \"*.parquet\", \"*.txt\", \"*.json\"))",
+     "return task.prepared if (stage, option) == (\"prepare\", \"out\") else HOLDS[stage, option]",
+     "return (\"*.parquet\", \"*.txt\", \"*.json\") if (stage, option) == (\"prepare\", \"out\") else HOLDS[stage, option]",
      PIPELINE),
     ("cumsum's alphabet read unchecked (a missing one: Python's Errno 2)", "lib/tasks/cumsum.py",
      "    check_readable(alphabet_path, writer=\"prepare\")\n", "", PIPELINE),

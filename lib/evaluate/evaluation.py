@@ -26,6 +26,7 @@ from lib.core.files import atomic_path
 from transformer.greedy import Hypothesis, check_alpha
 from transformer.sampling import sampled
 from lib.evaluate.options import write_defaults
+from lib.evaluate.sentence_scores import SENTENCE_SCORES
 from lib.evaluate.decode import score_outputs, translate_n_best
 from lib.model.translate import greedy_translate
 from lib.model.metrics import perplexity
@@ -145,11 +146,11 @@ def evaluate_seq2seq(task, cfg: EvaluateConfig, paths: EvaluatePaths):
 
 def sample_rows(chosen: Task, split: str, frame: pd.DataFrame, hypotheses: list[str]) -> pd.DataFrame:
     """samples.jsonl's rows for one split: each source with its reference and greedy output, scored."""
-    references = frame["tgt"].tolist()
+    references, scored = frame["tgt"].tolist(), SENTENCE_SCORES[chosen.sentence_score]
     return pd.DataFrame({
         "split": split, "source": frame["src"].tolist(), "reference": references, "greedy": hypotheses,
         "correct": [h == r for h, r in zip(hypotheses, references)],
-        "score": [chosen.sentence_score(h, r) for h, r in zip(hypotheses, references)],
+        "score": [scored(h, r) for h, r in zip(hypotheses, references)],
     })
 
 

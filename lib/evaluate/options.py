@@ -1,7 +1,6 @@
 """The generation options, declared once: each one's type, range and default, as the Python API
 (lib.use.inference), the command line (lib.use.generate) and the web app (lib.use.serve) take them, and a
-message naming the option where a value is of the wrong type or out of range. The evaluate stage writes a
-model's own defaults with them.
+message naming the option where a value is of the wrong type or out of range.
 
 A trained model's own defaults come from the evaluate stage (``generation.json`` beside model.pt): a model
 decodes by default as its report's figures were decoded, with the same beam and length penalty.
@@ -89,10 +88,19 @@ def check(name=str, **values):
         raise ValueError("; ".join(errors))
 
 
+def schema_defaults() -> dict:
+    return {name: option.default for name, option in OPTIONS.items()}
+
+
+def or_default(defaults: dict, **values) -> list:
+    """Each of ``values`` (keyword -> value), or its default where it is None, in order."""
+    return [defaults[name] if value is None else value for name, value in values.items()]
+
+
 def model_defaults(directory: str | Path) -> dict:
     """The options' defaults for the model in ``directory``: the schema's, with the evaluate stage's decoding
     settings where it wrote them (``generation.json``), so that a model decodes as its report did."""
-    defaults = {name: option.default for name, option in OPTIONS.items()}
+    defaults = schema_defaults()
     path = Path(directory).expanduser() / GENERATION_FILE
     if path.is_file():
         saved = json.loads(path.read_text())
@@ -100,8 +108,7 @@ def model_defaults(directory: str | Path) -> dict:
     return defaults
 
 
-def write_defaults(path: str | Path, cfg) -> dict:
+def write_defaults(path: str | Path, cfg):
     """``generation.json``: the decoding settings of an evaluate config (a seq2seq or an LM one)."""
     settings = {field.name: getattr(cfg, field.name) for field in fields(cfg) if field.name in OPTIONS}
     Path(path).write_text(json.dumps(settings, indent=2) + "\n")
-    return settings

@@ -129,15 +129,14 @@ INPUTS = {"source": (DIRECTORY, "fetch"), "data": (DIRECTORY, "prepare"), "token
 HOLDS = {("tokenize", "out"): ("*.json", "*.ids", "*.lengths"),
          ("train", "checkpoints"): ("*.pt", ".*.tmp"), ("train", "live"): ("metrics.json", "plots"),
          ("report", "figures"): ("*.png",)}
-
-
 TASK_DIRECTORIES = (("fetch", "out"), ("prepare", "out"))
 
 
 def holds(task: Task, stage: str, option: str) -> tuple[str, ...]:
     """The fnmatch patterns of what the directory ``stage`` writes at ``--option`` holds, for ``task``."""
-    by_task = dict(zip(TASK_DIRECTORIES, ((MANIFEST, *task.fetched), task.prepared)))
-    return by_task.get((stage, option)) or HOLDS[stage, option]
+    if (stage, option) == ("fetch", "out"):
+        return (MANIFEST, *task.fetched)
+    return task.prepared if (stage, option) == ("prepare", "out") else HOLDS[stage, option]
 
 
 def check_apart(paths: dict[str, str], writes: list[str]):

@@ -12,27 +12,23 @@ from lib.tasks.base import Task
 HERE = Path(__file__).parent
 
 
-def _task_in(module_name: str, name: str | None = None) -> Task | None:
-    """The Task subclass defined in module ``module_name`` (named ``name``, if given), as an instance."""
-    module = importlib.import_module(f"lib.tasks.{module_name}")
+def _task_named(name) -> Task | None:
+    """The Task subclass named ``name`` in lib/tasks/<name>.py, as an instance; None where there is none."""
+    if not (isinstance(name, str) and name.isidentifier() and (HERE / f"{name}.py").is_file()):
+        return None
+    module = importlib.import_module(f"lib.tasks.{name}")
     found = [cls for cls in vars(module).values()
-             if isinstance(cls, type) and issubclass(cls, Task) and cls.__module__ == module.__name__ and cls.name
-             and (name is None or cls.name == name)]
+             if isinstance(cls, type) and issubclass(cls, Task) and cls.__module__ == module.__name__
+             and cls.name == name]
     return found[0]() if found else None
 
 
 def task_names() -> list[str]:
     """Every task: each module of lib/tasks that defines a Task subclass named after the module."""
-    names = [info.name for info in pkgutil.iter_modules([str(HERE)])]
-    return sorted(name for name in names if _task_in(name, name) is not None)
-
-
-def check_task_name(name: str):
-    if not (isinstance(name, str) and name.isidentifier() and (HERE / f"{name}.py").is_file()
-            and _task_in(name, name) is not None):
-        raise ConfigError(f"tasks: unknown task {name!r} (known: {', '.join(task_names())})")
+    return sorted(info.name for info in pkgutil.iter_modules([str(HERE)]) if _task_named(info.name))
 
 
 def get_task(name: str) -> Task:
-    check_task_name(name)
-    return _task_in(name, name)
+    if (task := _task_named(name)) is None:
+        raise ConfigError(f"tasks: unknown task {name!r} (known: {', '.join(task_names())})")
+    return task

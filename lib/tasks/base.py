@@ -22,9 +22,10 @@ class Task:
     name: str = ""  # the params section, the module (lib/tasks/<name>.py) and every output folder's name
     kind: str = "seq2seq"  # "seq2seq" (the encoder-decoder) or "lm" (the decoder-only model)
     FetchConfig: type = NothingToFetch  # the frozen dataclass of the fetch section (none: prepare makes the data)
-    PrepareConfig: type = NothingToFetch  # the frozen dataclass of the prepare section
+    PrepareConfig: type = NothingToFetch  # the frozen dataclass of the prepare section (every task sets its own)
     headline: tuple[str, ...] = ("greedy.exact_match",)  # the metrics its card in reports/index.html shows
     valid_score: str | None = "exact_match"  # the key of score() training logs after each epoch (None: loss only)
+    sentence_score: str = "exact"  # each output's own score, to find the worst (lib.evaluate.sentence_scores)
     extra_split: str | None = None  # a split evaluate decodes too, scored by exact match at each source length
     extra_split_longest: str | None = None  # the param that sets the extra split's longest sequence
     numeric_targets: bool = False  # the targets are numbers: the report shows accuracy by target value
@@ -59,10 +60,6 @@ class Task:
     def score(self, hypotheses: list[str], references: list[str]) -> dict:
         """The corpus metrics of outputs against references: exact-sequence match by default."""
         return {"exact_match": sum(h == r for h, r in zip(hypotheses, references)) / len(references)}
-
-    def sentence_score(self, hypothesis: str, reference: str) -> float:
-        """One output's score, to find the worst: 1 when it is the reference, else 0."""
-        return float(hypothesis == reference)
 
 
 class LMTask(Task):

@@ -99,6 +99,7 @@ class Cumsum(Task):
     extra_split = "lengths"  # the length study: evaluate decodes it too, and scores it by length
     extra_split_longest = "prepare.vocab_length"  # its longest sequence, in digits
     numeric_targets = True
+    sentence_score = "token_accuracy"
     prepared = (*SPLIT_FILES, "lengths.parquet", "alphabet.txt")
 
     def prepare(self, cfg: PrepareConfig, out_dir: Path, source_dir: Path | None = None):
@@ -156,7 +157,3 @@ class Cumsum(Task):
             correct += sum(a == b for a, b in zip(h_tokens, r_tokens))
             total += len(r_tokens)
         return {"exact_match": exact / len(references), "token_accuracy": correct / total}
-
-    def sentence_score(self, hypothesis: str, reference: str) -> float:
-        """Per-example score for finding the worst outputs: token accuracy."""
-        return self.score([hypothesis], [reference])["token_accuracy"]

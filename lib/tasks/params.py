@@ -3,19 +3,18 @@ the sections of the stages after it checked before it starts."""
 
 from lib.core.config import STAGE_CONFIGS, STAGES, ConfigError, from_dict, require
 from transformer.config import largest_alpha
-from lib.tasks import check_task_name, get_task
+from lib.tasks import get_task
 
 
 def stage_config(params: dict, task: str, stage: str):
     """The frozen config of ``stage`` for ``task``, validated."""
-    get_task(task)  # an unknown task name fails first
+    chosen = get_task(task)  # an unknown task name fails first
     tasks = check_tasks(params)
     if task not in tasks:
         raise ConfigError(f"tasks: {task!r} is not listed in tasks ({tasks!r})")
     section = params.get(task)
     if not isinstance(section, dict) or stage not in section:
         raise ConfigError(f"{task}.{stage}: missing section")
-    chosen = get_task(task)
     cls = {"fetch": chosen.FetchConfig, "prepare": chosen.PrepareConfig}.get(stage) or STAGE_CONFIGS[stage][chosen.kind]
     return from_dict(cls, section[stage], f"{task}.{stage}")
 
@@ -29,7 +28,7 @@ def check_tasks(params: dict) -> list[str]:
     if not tasks:
         raise ConfigError("tasks: empty, so `dvc repro` builds nothing; list a task or more (tasks: [cumsum])")
     for name in tasks:
-        check_task_name(name)
+        get_task(name)  # a misspelt name is named here
     if len(set(tasks)) < len(tasks):
         raise ConfigError(f"tasks: {tasks!r} names a task twice")
     return tasks

@@ -58,14 +58,16 @@ class Shakespeare(LMTask):
             shutil.copyfile(cfg.source, dest)
             if cfg.sha256 and (found := sha256(dest)) != cfg.sha256:
                 raise ConfigError(f"shakespeare.fetch.source: {cfg.source}: its sha256 is {found}, not "
-                                  f"shakespeare.fetch.sha256 {cfg.sha256} (another text: set that to \"\" or to its sum)")
+                                  f"shakespeare.fetch.sha256 {cfg.sha256} (another text: set that to \"\" or to its "
+                                  "sum)")
         return [TEXT]
 
     def prepare(self, cfg: PrepareConfig, out_dir: Path, source_dir: Path):
         """Write train.txt and valid.txt: the text cut at train_fraction of its characters."""
         path = Path(source_dir) / TEXT
         if not path.is_file():
-            raise FileNotFoundError(f"{path}: missing: not a directory the fetch stage wrote (dvc repro fetch@shakespeare)")
+            raise FileNotFoundError(f"{path}: missing: not a directory the fetch stage wrote "
+                                    "(dvc repro fetch@shakespeare)")
         try:
             text = utf8_text(path.read_bytes(), path)
         except ValueError as err:  # not UTF-8, named by line

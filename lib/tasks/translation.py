@@ -1,5 +1,5 @@
-"""The translation tasks' base (multi30k, wmt14): sacreBLEU's BLEU and chrF on detokenised, cased text, the
-paper's tokenised BLEU (wmt14), and a sentence's BLEU to find the worst."""
+"""The translation tasks' base (multi30k, wmt14): sacreBLEU's BLEU and chrF on detokenised, cased text, and the
+paper's tokenised BLEU (wmt14)."""
 
 import re
 
@@ -36,19 +36,12 @@ def tokenized_bleu(hypotheses: list[str], references: list[str]) -> dict:
     return {"tokenized_bleu": tokenized.score, "tokenized_bleu_signature": TOKENIZED_SIGNATURE}
 
 
-def sentence_score(hypothesis: str, reference: str) -> float:
-    """Per-sentence BLEU (smoothed), for finding the worst translations."""
-    return sacrebleu.sentence_bleu(hypothesis, [reference]).score
-
-
 class TranslationTask(Task):
     """A translation task: sacreBLEU's BLEU and chrF, BLEU logged after each epoch, BLEU by source length."""
 
     headline = ("greedy.bleu", "beam*.bleu", "greedy.chrf", "valid_perplexity")
     valid_score = "bleu"
+    sentence_score = "sentence_bleu"
 
     def score(self, hypotheses: list[str], references: list[str]) -> dict:
         return score(hypotheses, references)
-
-    def sentence_score(self, hypothesis: str, reference: str) -> float:
-        return sentence_score(hypothesis, reference)

@@ -28,7 +28,8 @@ def fingerprint(paths: list[Path]) -> str:
 
 
 def module_files(root: Path, name: str) -> list[Path]:
-    """The source file of module ``name`` ("lib.data.pairs") under ``root``: a module's .py or a package's __init__.py."""
+    """The source file of module ``name`` ("lib.data.pairs") under ``root``: a module's .py or a package's
+    __init__.py."""
     module = root / Path(*name.split("."))
     return [f for f in (module.with_suffix(".py"), module / "__init__.py") if f.is_file()]
 

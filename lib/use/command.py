@@ -98,7 +98,8 @@ def argument_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m lib.use.generate",
                                      description="Use a trained model: translate a file line by line, or continue a "
                                                  "prompt with the LM.")
-    parser.add_argument("--task", required=True, choices=task_names(), help="a task the pipeline trained (models/<task>/)")
+    parser.add_argument("--task", required=True, choices=task_names(),
+                        help="a task the pipeline trained (models/<task>/)")
     parser.add_argument("--models", type=os.path.expanduser,
                         help="the directory with model.pt and tokenizer/ (default: models/<task>)")
     parser.add_argument("--device", default="cpu",

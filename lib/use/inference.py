@@ -32,7 +32,7 @@ from lib.data.pairs import Pairs, collate
 from transformer.sampling import sampled
 from lib.core.distributed import device_named
 from lib.evaluate.evaluation import text_metrics
-from lib.evaluate.options import OPTIONS, check, model_defaults
+from lib.evaluate.options import OPTIONS, check, model_defaults, or_default, schema_defaults
 from lib.report.attention_maps import attention_maps, token_strings
 from lib.use.lines import (Attention, Output, as_list, by_index, outputs_of, score_lines, text_of, texts_of,
                            translate_lines)
@@ -49,13 +49,10 @@ class Translator:
     them: the token budget of a batch of sources."""
 
     def __init__(self, model, tokenizers, max_tokens: int | None = None, defaults: dict | None = None):
-        self.defaults = {name: option.default for name, option in OPTIONS.items()} | (defaults or {})
+        self.defaults = schema_defaults() | (defaults or {})
         self.defaults |= {} if max_tokens is None else {"max_tokens": max_tokens}
         check(max_tokens=self.defaults["max_tokens"])
         self.model, self.tokenizers, self.max_tokens = model, tokenizers, self.defaults["max_tokens"]
-
-    def _or_default(self, **values) -> list:
-        return [self.defaults[name] if value is None else value for name, value in values.items()]
 
     def translate(self, sentences: str | list[str], beam_size: int | None = None, alpha: float | None = None,
                   max_extra_tokens: int | None = None) -> str | list[str]:
@@ -63,8 +60,8 @@ class Translator:
         length penalty ``alpha``; at most the sentence's length + ``max_extra_tokens`` tokens (eos included).
         A sentence empty or longer than the model's max_len gets "" (with a warning for the long one). An
         option left out is the model's default (``defaults``)."""
-        beam_size, alpha, max_extra_tokens = self._or_default(beam_size=beam_size, alpha=alpha,
-                                                              max_extra_tokens=max_extra_tokens)
+        beam_size, alpha, max_extra_tokens = or_default(self.defaults, beam_size=beam_size, alpha=alpha,
+                                                        max_extra_tokens=max_extra_tokens)
         lines, one = texts_of(sentences, "sentences")
         found, messages = self._search(lines, 1, beam_size, alpha, max_extra_tokens)
         _warn(messages, "translate")
@@ -77,7 +74,7 @@ class Translator:
         model's default, whichever is wider) beams; none for a sentence empty or too long."""
         check(lambda name: "k", n_best=k)
         beam_size = max(k, self.defaults["beam_size"]) if beam_size is None else beam_size
-        alpha, max_extra_tokens = self._or_default(alpha=alpha, max_extra_tokens=max_extra_tokens)
+        alpha, max_extra_tokens = or_default(self.defaults, alpha=alpha, max_extra_tokens=max_extra_tokens)
         check(beam_size=beam_size)
         if k > beam_size:
             raise ValueError(f"k {k}: must be in [1, beam_size {beam_size}] (the beam holds that many outputs)")
@@ -99,7 +96,7 @@ class Translator:
         """Each output given (a reference translation, say) as the model scores it for its sentence, the way
         beam search would, ending in eos (an empty output is the eos alone); None where the sentence is
         empty, or it or its output is longer than the model's max_len."""
-        (alpha,) = self._or_default(alpha=alpha)
+        (alpha,) = or_default(self.defaults, alpha=alpha)
         check(alpha=alpha)
         lines, one = texts_of(sentences, "sentences")
         _, messages, written = score_lines(self.model, self.tokenizers, lines, texts_of(outputs, "outputs")[0], alpha,
@@ -146,10 +143,7 @@ class LanguageModel:
 
     def __init__(self, model, tokenizers, block_size: int, defaults: dict | None = None):
         self.model, self.tokenizers, self.block_size = model, tokenizers, block_size
-        self.defaults = {name: option.default for name, option in OPTIONS.items()} | (defaults or {})
-
-    def _or_default(self, **values) -> list:
-        return [self.defaults[name] if value is None else value for name, value in values.items()]
+        self.defaults = schema_defaults() | (defaults or {})
 
     def _ids(self, text: str, what: str) -> list[int]:
         ids, messages = lm_ids(self.tokenizers, text, what)
@@ -172,8 +166,8 @@ class LanguageModel:
                     ) -> Iterator[int]:
         """``stream`` on token ids: the new ones, each as it is drawn."""
         prompt = self.token_ids(prompt, "prompt")
-        max_new_tokens, temperature, top_k, top_p, seed = self._or_default(
-            max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        max_new_tokens, temperature, top_k, top_p, seed = or_default(
+            self.defaults, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
         if not isinstance(seed, torch.Generator) and not OPTIONS["seed"].of_type(seed):
             raise TypeError(f"seed {seed!r}: must be an integer or a torch.Generator")
         check(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
