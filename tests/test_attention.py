@@ -102,7 +102,7 @@ def test_self_attention_matches_torch(fused, causal):
     torch_causal = ~causal_mask(T)[0, 0] if causal else None  # torch: True = blocked
     expected, expected_w = ref(x, x, x, key_padding_mask=ids == PAD, attn_mask=torch_causal,
                                average_attn_weights=False)
-    got, got_w = ours(x, mask=mask)
+    got, got_w = ours(x, mask=mask, need_weights=True)
     assert (got - expected).abs().max() <= 1e-5
     assert (got_w - expected_w).abs().max() <= 1e-5
 
@@ -116,7 +116,7 @@ def test_cross_attention_matches_torch(fused):
     x, memory = torch.randn(B, T, C), torch.randn(B, S, C)
     src = tokens_with_padding(B, S)
     expected, _ = ref(x, memory, memory, key_padding_mask=src == PAD)
-    got, weights = ours(x, memory, padding_mask(src, PAD))
+    got, weights = ours(x, memory, padding_mask(src, PAD), need_weights=True)
     assert weights.shape == (B, H, T, S)
     assert (got - expected).abs().max() <= 1e-5
     assert torch.all(weights[2, :, :, 2:] == 0)  # source padding gets no weight
@@ -175,8 +175,8 @@ def test_grouped_query_attention_is_the_paper_attention_with_shared_key_value_he
     x, memory = torch.randn(B, T, C), torch.randn(B, S, C)
     ids, src = tokens_with_padding(B, T, (6, 4, 2)), tokens_with_padding(B, S, (5, 3, 1))
     for args in [(None, target_mask(ids, PAD)), (memory, padding_mask(src, PAD))]:
-        got, got_w = grouped(x, *args)
-        expected, expected_w = full(x, *args)
+        got, got_w = grouped(x, *args, need_weights=True)
+        expected, expected_w = full(x, *args, need_weights=True)
         assert (got - expected).abs().max() <= 1e-5 and (got_w - expected_w).abs().max() <= 1e-5
     cache, steps = {}, []
     for t in range(T):  # one token at a time, the earlier keys and values from the cache

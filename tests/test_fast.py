@@ -9,12 +9,14 @@ from torch import nn
 from lib.core.text import load_params
 from transformer.config import ModelConfig
 from transformer.fast import speed_up
-from transformer.fast.attention import FastMultiHeadAttention, grouped_attention
+import transformer.fast.attention as fast_attention
+from transformer.fast.attention import FastMultiHeadAttention, fused_attention, grouped_attention
 from transformer.fast.dropout import ByteDropout
 from transformer.fast.loss import generator_nll
 from transformer.attention import MultiHeadAttention, attention
 from transformer.loss import label_smoothed_nll
 from transformer.masks import causal_mask, padding_mask, target_mask
+from transformer.positions import alibi_bias, alibi_slopes
 from transformer.model import build_model
 from tests.conftest import ROOT
 
@@ -95,7 +97,7 @@ def test_fast_multi_head_attention_is_the_reference(fused, kv_heads, positional)
         outs = []
         for module in (reference, fast):
             x.grad = None
-            out, weights = module(x, **kwargs)
+            out, weights = module(x, **kwargs, need_weights=True)
             out.pow(2).sum().backward()
             outs.append((out, weights, x.grad))
         for got, want in zip(outs[1], outs[0]):
@@ -115,6 +117,59 @@ def test_grouped_attention_is_eq_1_and_gives_a_query_with_no_key_zeros():
     for got, want in zip(grouped_attention(q, k, v, mask), attention(q, k, v, mask)):
         assert close(got, want, FP32)
     assert torch.all(grouped_attention(q, k, v, mask)[1][1, :, 2] == 0)
+
+
+def no_key_mask(ids: torch.Tensor) -> torch.Tensor:
+    """The target mask of ``ids`` (padding and causal), with query 2 of the last row left no key at all."""
+    mask = target_mask(ids, PAD).expand(ids.size(0), 1, ids.size(1), ids.size(1)).clone()
+    mask[-1, :, 2] = False
+    return mask
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("masking", ["padding", "causal", "no key", "alibi"])
+@pytest.mark.parametrize("kv_heads", [8, 2])
+def test_fused_attention_is_eq_1(precision, masking, kv_heads):
+    """torch's fused kernel (the fast path off the CPU, where no caller reads the weights) against the
+    reference eq. 1: the output and the gradients of q, k and v, a query with no key given zeros."""
+    B, H, T, D = 4, 8, 11, 16
+    ids = padded_ids(B, T, 50)
+    mask = {"padding": padding_mask(ids, PAD), "causal": target_mask(ids, PAD), "no key": no_key_mask(ids),
+            "alibi": no_key_mask(ids)}[masking]
+    bias = alibi_bias(alibi_slopes(H), T, T) if masking == "alibi" else None
+    dtype = torch.float32 if precision == "fp32" else torch.bfloat16
+    bias = None if bias is None else bias.to(dtype)
+    results = []
+    for attend in (lambda q, k, v: attention(q, k, v, mask, None, bias)[0],
+                   lambda q, k, v: fused_attention(q, k, v, mask, 0.0, bias)):
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(B, heads, T, D, dtype=dtype, requires_grad=True) for heads in (H, kv_heads, kv_heads))
+        out = attend(q, k, v)
+        out.float().pow(2).sum().backward()
+        results.append((out, q.grad, k.grad, v.grad))
+    tolerance = FP32 if precision == "fp32" else BF16
+    for got, want in zip(results[1], results[0]):
+        assert torch.isfinite(got).all() and close(got, want, tolerance)
+    if masking == "no key":
+        assert torch.all(results[1][0][-1, :, 2] == 0) and torch.all(results[1][1][-1, :, 2] == 0)
+
+
+def test_the_fast_path_off_the_cpu_uses_the_fused_kernel_unless_weights_are_asked(monkeypatch):
+    """As on a GPU (``eager_on_cpu`` False): without need_weights, the fused kernel and no weights; with it,
+    the grouped products and their weights. Both equal the reference module's output."""
+    cfg = task_config("multi30k")
+    args = (cfg.d_model, cfg.n_heads, 0.0, True, "sinusoidal", cfg.max_len)
+    reference, fast = MultiHeadAttention(*args), FastMultiHeadAttention(*args)
+    fast.load_state_dict(reference.state_dict())
+    called = []
+    monkeypatch.setattr(fast_attention, "eager_on_cpu", lambda x: False)
+    monkeypatch.setattr(fast_attention, "fused_attention", lambda *a: called.append(1) or fused_attention(*a))
+    x, mask = torch.randn(4, 11, cfg.d_model), target_mask(padded_ids(4, 11, 50), PAD)
+    want, want_weights = reference(x, mask=mask, need_weights=True)
+    got, weights = fast(x, mask=mask)
+    assert called == [1] and weights is None and close(got, want, FP32)
+    got, weights = fast(x, mask=mask, need_weights=True)
+    assert called == [1] and close(got, want, FP32) and close(weights, want_weights, FP32)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])

@@ -82,7 +82,7 @@ def test_decoder_layer_matches_torch(norm_first, fused, activation):
     tgt, src = tokens_with_padding(3, 7), tokens_with_padding(3, 5, (5, 3, 1))
     expected = ref(x, memory, tgt_mask=~causal_mask(7)[0, 0],
                    tgt_key_padding_mask=tgt == PAD, memory_key_padding_mask=src == PAD, tgt_is_causal=True)
-    got, self_w, cross_w = ours(x, memory, target_mask(tgt, PAD), padding_mask(src, PAD))
+    got, self_w, cross_w = ours(x, memory, target_mask(tgt, PAD), padding_mask(src, PAD), need_weights=True)
     assert (got - expected).abs().max() <= 1e-5
     assert torch.all(self_w.triu(1) == 0)  # nothing from the future
     assert torch.all(cross_w[2, :, :, 1:] == 0)  # nothing from source padding

@@ -97,17 +97,19 @@ class MultiHeadAttention(nn.Module):
         return (self.split_heads(F.linear(x, wq, bq)), self.split_heads(F.linear(source, wk, bk)),
                 self.split_heads(F.linear(source, wv, bv)))
 
-    def attend(self, q, k, v, mask, bias):
-        """Eq. 1 in every head at once."""
+    def attend(self, q, k, v, mask, bias, need_weights: bool):
+        """Eq. 1 in every head at once: the output and the weights (here made either way)."""
         return attention(q, k, v, mask, self.dropout, bias)
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None, mask: torch.Tensor | None = None,
-                cache: dict | None = None, start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                cache: dict | None = None, start: int = 0,
+                need_weights: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x (B, Tq, C); memory (B, Tk, C) for cross attention, None for self.
 
         Incremental decoding: x holds the tokens at positions start..start+Tq-1 and ``cache`` (a dict this
         layer fills) the keys and values computed before: self attention appends the new ones, cross
-        attention projects ``memory`` once. Returns the output (B, Tq, C) and the weights (B, H, Tq, Tk).
+        attention projects ``memory`` once. Returns the output (B, Tq, C) and, with ``need_weights``, the
+        weights (B, H, Tq, Tk), else None: a caller that does not read them lets a fused kernel skip them.
         """
         B, Tq, C = x.shape
         q_positions = torch.arange(start, start + Tq, device=x.device)
@@ -126,6 +128,6 @@ class MultiHeadAttention(nn.Module):
                 cache["k"], cache["v"] = k, v
         Tk = k.size(2)
         bias = None if self.alibi_slopes is None else alibi_bias(self.alibi_slopes, Tq, Tk, start).to(q.dtype)
-        out, weights = self.attend(q, k, v, mask, bias)  # (B, H, Tq, D), (B, H, Tq, Tk)
+        out, weights = self.attend(q, k, v, mask, bias, need_weights)  # (B, H, Tq, D), (B, H, Tq, Tk) or None
         out = out.transpose(1, 2).reshape(B, Tq, C)  # (B, Tq, C): the heads concatenated
-        return self.out_proj(out), weights
+        return self.out_proj(out), weights if need_weights else None

@@ -32,7 +32,7 @@ class ModelConfig:
     encoder_layers: int  # encoder depth (seq2seq only)
     decoder_layers: int  # decoder depth (the LM's depth)
     d_ff: int  # inner width of the position-wise feed-forward
-    dropout: float  # on residual branches, embeddings and attention weights (sec. 5.4)
+    dropout: float  # on residual branches and embeddings (sec. 5.4), and attention weights unless set below
     norm_first: bool  # False: Post-LN as in the paper; True: Pre-LN plus a final LayerNorm
     tie_embeddings: bool  # share target embedding and generator (and source embedding: one vocab)
     fused_qkv: bool  # one (3C, C) input projection instead of three (C, C)
@@ -50,6 +50,9 @@ class ModelConfig:
     # The feed-forward's nonlinearity: relu (the paper's), gelu (GPT's), or swiglu, swish(x W1) * (x W3)
     # (Shazeer, 2020): a third d_ff-wide matrix, so Llama takes d_ff 2/3 as wide for the same parameters.
     activation: str = "relu"
+    # Dropout on the attention weights (tensor2tensor's "attention dropout"; not in the paper, whose sec. 5.4
+    # names residual and embedding dropout only); None (null): the same as dropout.
+    attention_dropout: float | None = None
 
     def __post_init__(self):
         choose(self.positional, "positional", ("sinusoidal", "learned", "rope", "alibi"))
@@ -72,6 +75,8 @@ class ModelConfig:
                     f"{self.n_kv_heads} does not divide n_heads {self.n_heads}: each must serve as many query heads")
         require(0.0 <= self.dropout < 1.0, "dropout", "must be in [0, 1)")
         require(0.0 <= self.activation_dropout < 1.0, "activation_dropout", "must be in [0, 1)")
+        require(self.attention_dropout is None or 0.0 <= self.attention_dropout < 1.0, "attention_dropout",
+                "must be in [0, 1), or null (the same as dropout)")
         if self.positional == "rope":
             require(self.head_dim % 2 == 0, "positional", f"rope needs an even head width, not {self.head_dim}")
         require(self.rope_base > 1.0, "rope_base",
@@ -80,6 +85,11 @@ class ModelConfig:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
+
+    @property
+    def weights_dropout(self) -> float:
+        """The dropout rate on the attention weights."""
+        return self.dropout if self.attention_dropout is None else self.attention_dropout
 
     @property
     def kv_heads(self) -> int:

@@ -55,8 +55,8 @@ class RMSNorm(nn.Module):
 
 
 def attention(cfg: ModelConfig) -> MultiHeadAttention:
-    return MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.fused_qkv, cfg.positional, cfg.max_len,
-                              cfg.bias, cfg.rope_base, cfg.n_kv_heads)
+    return MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.weights_dropout, cfg.fused_qkv, cfg.positional,
+                              cfg.max_len, cfg.bias, cfg.rope_base, cfg.n_kv_heads)
 
 
 def feed_forward(cfg: ModelConfig) -> FeedForward:
@@ -103,12 +103,13 @@ class EncoderLayer(ResidualLayer):
         self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, cache: dict | None = None,
-                start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """x (B, S, C) -> (B, S, C) and the self-attention weights (B, H, S, S).
+                start: int = 0, need_weights: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x (B, S, C) -> (B, S, C) and the self-attention weights (B, H, S, S), or None unless ``need_weights``.
 
         ``cache`` and ``start``: incremental decoding (the LM), as in MultiHeadAttention.
         """
-        x, weights = self.sublayer(x, self.norm1, lambda x: self.self_attn(x, mask=mask, cache=cache, start=start))
+        x, weights = self.sublayer(x, self.norm1, lambda x: self.self_attn(x, mask=mask, cache=cache, start=start,
+                                                                           need_weights=need_weights))
         x, _ = self.sublayer(x, self.norm2, lambda x: (self.feed_forward(x), None))
         return x, weights
 
@@ -126,15 +127,17 @@ class DecoderLayer(ResidualLayer):
         self.norm3 = layer_norm(cfg)
         self.dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x, memory, tgt_mask, src_mask, cache: dict | None = None, start: int = 0):
+    def forward(self, x, memory, tgt_mask, src_mask, cache: dict | None = None, start: int = 0,
+                need_weights: bool = False):
         """x (B, T, C), memory (B, S, C) -> (B, T, C), self weights (B, H, T, T),
-        cross weights (B, H, T, S). ``cache`` ({"self": {}, "cross": {}}) and ``start``:
-        incremental decoding, as in MultiHeadAttention."""
+        cross weights (B, H, T, S) (None each unless ``need_weights``). ``cache`` ({"self": {}, "cross": {}})
+        and ``start``: incremental decoding, as in MultiHeadAttention."""
         self_cache, cross_cache = (None, None) if cache is None else (cache["self"], cache["cross"])
         x, self_weights = self.sublayer(
-            x, self.norm1, lambda x: self.self_attn(x, mask=tgt_mask, cache=self_cache, start=start))
+            x, self.norm1, lambda x: self.self_attn(x, mask=tgt_mask, cache=self_cache, start=start,
+                                                    need_weights=need_weights))
         x, cross_weights = self.sublayer(
-            x, self.norm2, lambda x: self.cross_attn(x, memory, src_mask, cross_cache, start))
+            x, self.norm2, lambda x: self.cross_attn(x, memory, src_mask, cross_cache, start, need_weights))
         x, _ = self.sublayer(x, self.norm3, lambda x: (self.feed_forward(x), None))
         return x, self_weights, cross_weights
 

@@ -39,17 +39,20 @@ class Transformer(nn.Module):
             if joint_vocab:
                 self.src_embed.tokens.weight = self.tgt_embed.tokens.weight
 
-    def encode(self, src, src_mask):
-        """src (B, S) ids -> memory (B, S, C) and per-layer weights [(B, H, S, S)]."""
+    def encode(self, src, src_mask, need_weights: bool = False):
+        """src (B, S) ids -> memory (B, S, C) and per-layer weights [(B, H, S, S)] (None each unless
+        ``need_weights``)."""
         x = self.src_embed(src)
         weights = []
         for layer in self.encoder_layers:
-            x, w = layer(x, src_mask)
+            x, w = layer(x, src_mask, need_weights=need_weights)
             weights.append(w)
         return self.encoder_norm(x), weights
 
-    def decode(self, tgt, memory, tgt_mask, src_mask, cache: list[dict] | None = None, start: int = 0):
-        """tgt (B, T) ids -> hidden (B, T, C), per-layer [(self (B, H, T, T), cross (B, H, T, S))].
+    def decode(self, tgt, memory, tgt_mask, src_mask, cache: list[dict] | None = None, start: int = 0,
+               need_weights: bool = False):
+        """tgt (B, T) ids -> hidden (B, T, C), per-layer [(self (B, H, T, T), cross (B, H, T, S))] (None each
+        unless ``need_weights``).
 
         Incremental decoding: ``cache`` from ``new_cache`` holds what the earlier
         steps computed; tgt is then only the new tokens, at positions from ``start``.
@@ -57,7 +60,8 @@ class Transformer(nn.Module):
         x = self.tgt_embed(tgt, start)
         weights = []
         for i, layer in enumerate(self.decoder_layers):
-            x, self_w, cross_w = layer(x, memory, tgt_mask, src_mask, None if cache is None else cache[i], start)
+            x, self_w, cross_w = layer(x, memory, tgt_mask, src_mask, None if cache is None else cache[i], start,
+                                       need_weights)
             weights.append((self_w, cross_w))
         return self.decoder_norm(x), weights
 
@@ -90,8 +94,10 @@ class TransformerLM(nn.Module):
         if cfg.tie_embeddings:
             self.generator.weight = self.embed.tokens.weight
 
-    def forward_with_attention(self, ids, cache: list[dict] | None = None, start: int = 0):
-        """ids (B, T) -> logits (B, T, V) and per-layer weights [(B, H, T, start + T)].
+    def forward_with_attention(self, ids, cache: list[dict] | None = None, start: int = 0,
+                               need_weights: bool = True):
+        """ids (B, T) -> logits (B, T, V) and per-layer weights [(B, H, T, start + T)] (None each unless
+        ``need_weights``).
 
         Incremental decoding: ``cache`` from ``new_cache`` holds the keys and values
         of the ``start`` tokens before ids.
@@ -100,12 +106,13 @@ class TransformerLM(nn.Module):
         mask = causal_mask(ids.size(1), ids.device, start)  # (1, 1, T, start + T)
         weights = []
         for i, layer in enumerate(self.layers):
-            x, w = layer(x, mask, None if cache is None else cache[i], start)
+            x, w = layer(x, mask, None if cache is None else cache[i], start, need_weights)
             weights.append(w)
         return self.generator(self.norm(x)), weights
 
     def forward(self, ids, cache: list[dict] | None = None, start: int = 0):
-        return self.forward_with_attention(ids, cache, start)[0]
+        """ids (B, T) -> logits (B, T, V); no attention weights are made."""
+        return self.forward_with_attention(ids, cache, start, False)[0]
 
     def new_cache(self) -> list[dict]:
         """An empty key/value cache, one dict per layer."""

@@ -129,7 +129,7 @@ class TrainConfig:
     lr_factor: float  # Noam factor
     warmup: int  # Noam warmup steps: the learning rate peaks here
     label_smoothing: float  # mass spread over the non-gold, non-pad vocabulary
-    clip_norm: float  # gradient-norm clipping threshold
+    clip_norm: float  # gradient-norm clipping threshold; 0: no clipping (the paper's)
     checkpoint_every: int  # steps between resumable checkpoints
     model: ModelConfig
     precision: str = "fp32"  # fp32; bf16 (autocast: matmuls in bfloat16, weights and loss in float32); or auto:
@@ -138,9 +138,12 @@ class TrainConfig:
     # 0 = none. Raising it continues a stopped run
     time_budget_minutes: float = 0.0  # stop after the epoch that passes this much training time; 0 = none
     patience: int = 0  # stop after this many epochs without a better validation loss; 0 = never
-    average_last: int = 1  # model.pt: the average of the last k epochs' weights, when it validates better
+    average_last: int = 1  # model.pt: the average of the last k epochs' weights (see ``average``)
     average_every: int = 0  # N > 0: average instead the last k weights saved every N steps (the paper's
-    # checkpoints every 10 minutes, sec. 6.1: an epoch of a large corpus is too long a unit)
+    # checkpoints every 10 minutes, sec. 6.1: an epoch of a large corpus is too long a unit), the last of them
+    # at max_steps when it is set
+    average: str = "if_better"  # if_better: model.pt is the average when it validates better than the best
+    # single weights, else those; always: the average, as the paper does
     too_long: str = "fail"  # a train or valid pair longer than model.max_len: fail (naming the key) or skip (counted
     # in the log). The splits evaluate decodes (test, cumsum's length study) must fit whole: train checks them first
     accumulate: int = 1  # batches whose gradients add up to one optimizer step (gradient accumulation): the
@@ -158,6 +161,7 @@ class TrainConfig:
         choose(self.device, "device", ("auto", "cpu", "cuda"))
         choose(self.precision, "precision", PRECISIONS)
         choose(self.too_long, "too_long", ("fail", "skip"))
+        choose(self.average, "average", ("if_better", "always"))
         for name in ("epochs", "max_tokens", "warmup", "checkpoint_every", "average_last", "accumulate"):
             require(getattr(self, name) > 0, name, "must be > 0")
         require(self.max_steps >= 0, "max_steps", "must be >= 0 (0: no bound but train.epochs)")
@@ -166,7 +170,7 @@ class TrainConfig:
         require(self.average_every >= 0, "average_every", "must be >= 0 (0: average by epochs)")
         check_peak(self.peak_tflops)
         require(self.lr_factor > 0, "lr_factor", "must be > 0")
-        require(self.clip_norm > 0, "clip_norm", "must be > 0")
+        require(self.clip_norm >= 0, "clip_norm", "must be >= 0 (0: no clipping)")
         require(0.0 <= self.label_smoothing < 1.0, "label_smoothing", "must be in [0, 1)")
 
 
@@ -183,7 +187,7 @@ class LMTrainConfig:
     warmup: int  # steps of linear warmup
     weight_decay: float  # AdamW decay of weight matrices (never biases, LayerNorm or embeddings)
     beta2: float  # AdamW's second-moment decay
-    clip_norm: float  # gradient-norm clipping threshold
+    clip_norm: float  # gradient-norm clipping threshold; 0: no clipping
     eval_every: int  # steps between estimates of train and validation loss
     eval_batches: int  # fixed batches each estimate averages over
     checkpoint_every: int  # steps between resumable checkpoints
@@ -211,7 +215,7 @@ class LMTrainConfig:
         require(self.weight_decay >= 0, "weight_decay", "must be >= 0")
         require(0 < self.beta2 < 1, "beta2", "must be in (0, 1)")
         check_peak(self.peak_tflops)
-        require(self.clip_norm > 0, "clip_norm", "must be > 0")
+        require(self.clip_norm >= 0, "clip_norm", "must be >= 0 (0: no clipping)")
         require(self.block_size <= self.model.max_len, "block_size", f"exceeds model.max_len {self.model.max_len}")
 
 

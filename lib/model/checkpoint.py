@@ -49,9 +49,11 @@ def load(path: str | Path, map_location="cpu", remedy: str = "re-run the train s
 def save_model(model, kind: str, vocab: dict, extra: dict, path: str | Path):
     """A self-describing model file: weights plus what is needed to rebuild them.
 
-    ``vocab``: src_vocab_size, tgt_vocab_size and joint_vocab, as build_model takes them.
+    ``vocab``: src_vocab_size, tgt_vocab_size and joint_vocab, as build_model takes them. A null model field
+    is left out (loading gives it its default), so that a model is the same file whether or not it has the field.
     """
-    save({"model": model.state_dict(), "model_config": asdict(model.cfg), "kind": kind, **vocab, **extra}, path)
+    config = {name: value for name, value in asdict(model.cfg).items() if value is not None}
+    save({"model": model.state_dict(), "model_config": config, "kind": kind, **vocab, **extra}, path)
 
 
 # What save_model writes, and what each is.

@@ -17,8 +17,9 @@ def attention_maps(model, batch, ids) -> tuple[dict[str, list[torch.Tensor]], to
     decoder self (B, H, T, T) and cross (B, H, T, S), straight from the forward;
     and the token the model finds likeliest at each decoder position (B, T)."""
     src_mask = padding_mask(batch.src, ids.pad)
-    memory, encoder = model.encode(batch.src, src_mask)
-    hidden, decoder = model.decode(batch.tgt_in, memory, target_mask(batch.tgt_in, ids.pad), src_mask)
+    memory, encoder = model.encode(batch.src, src_mask, need_weights=True)
+    hidden, decoder = model.decode(batch.tgt_in, memory, target_mask(batch.tgt_in, ids.pad), src_mask,
+                                   need_weights=True)
     maps = {
         "encoder self-attention": encoder,
         "decoder self-attention": [self_w for self_w, _ in decoder],

@@ -1,5 +1,5 @@
 """Checkpoint averaging (sec. 6.1: the base models average the last 5 checkpoints): the weights kept every
-``average_every`` steps or at each epoch's end, and model.pt their mean when it validates better."""
+``average_every`` steps or at each epoch's end, and model.pt their mean (always, or when it validates better)."""
 
 import logging
 from pathlib import Path
@@ -11,6 +11,12 @@ from lib.model.losses import mean_loss
 from lib.train.run import Run
 
 log = logging.getLogger(__name__)
+
+
+def averaging_step(cfg: TrainConfig, step: int) -> bool:
+    """Whether train.average_every keeps the weights at ``step``: every N steps, counted back from max_steps
+    when it is set, so that the last weights averaged are the final step's."""
+    return bool(cfg.average_every) and (cfg.max_steps - step) % cfg.average_every == 0
 
 
 def keep_for_averaging(run: Run, cfg: TrainConfig):
@@ -25,7 +31,9 @@ def averaged_paths(run: Run, cfg: TrainConfig) -> tuple[list[Path], str]:
     """The last ``average_last`` weights saved for averaging, latest first: every ``average_every`` steps, or
     at each epoch's end; and what they are."""
     if cfg.average_every:
-        last = range(run.state["step"] // cfg.average_every * cfg.average_every, 0, -cfg.average_every)
+        step = run.state["step"]
+        latest = step - (step - cfg.max_steps) % cfg.average_every  # the last step averaging_step kept
+        last = range(latest, 0, -cfg.average_every)
         paths, unit = [run.checkpoint_dir / f"step-{s}.pt" for s in last], "checkpoints"
     else:
         paths, unit = [run.checkpoint_dir / f"epoch-{e}.pt" for e in range(run.state["epoch"], 0, -1)], "epochs"
@@ -33,8 +41,8 @@ def averaged_paths(run: Run, cfg: TrainConfig) -> tuple[list[Path], str]:
 
 
 def averaged_model(run: Run, cfg: TrainConfig, valid: Pairs) -> Path | None:
-    """The average of the last ``average_last`` epochs' (or checkpoints') weights, when it validates better
-    than the best.
+    """The average of the last ``average_last`` epochs' (or checkpoints') weights: with train.average
+    if_better, only when it validates better than the best.
 
     Rank 0 alone decides: it wrote the weights, and it alone writes model.pt.
     """
@@ -49,7 +57,7 @@ def averaged_model(run: Run, cfg: TrainConfig, valid: Pairs) -> Path | None:
     log.info("average of the last %d %s: valid loss %.4f (best single epoch %.4f)", len(last), unit, valid_loss,
              run.state["best_valid_loss"])
     run.log(**{"valid/averaged_loss": valid_loss})
-    if valid_loss >= run.state["best_valid_loss"]:
+    if cfg.average == "if_better" and valid_loss >= run.state["best_valid_loss"]:
         return None
     path = run.checkpoint_dir / "averaged.pt"
     run.save_model({"step": run.state["step"], "valid_loss": valid_loss, f"averaged_{unit}": len(last),

@@ -16,7 +16,7 @@ from lib.model.losses import estimate_loss, lm_loss
 from lib.model.metrics import speed, training_flops
 from lib.model.setup import set_up
 from lib.train.run import Run
-from lib.train.steps import StepClock, read_back, set_lr
+from lib.train.steps import StepClock, clip, read_back, set_lr
 from transformer.schedules import cosine_lr, noam_lr
 
 log = logging.getLogger(__name__)
@@ -106,7 +106,7 @@ def train_lm(task, cfg: LMTrainConfig, data_dir, tokenizer_dir, model_path, chec
                     (batch_loss / cfg.accumulate).backward()  # equal batches: the step's mean is the mean of means
                 loss_sum += batch_loss.detach()
             loss = distributed.sum_over_processes(loss_sum, ctx) / (ctx.world * cfg.accumulate)
-            grad_norm = torch.nn.utils.clip_grad_norm_(trainee.model.parameters(), cfg.clip_norm, foreach=True)
+            grad_norm = clip(trainee.model.parameters(), cfg.clip_norm)
             loss, grad_norm = read_back(loss, grad_norm)
             seconds = clock.lap()
             run.check_finite(loss)

@@ -20,9 +20,9 @@ from lib.model.metrics import speed, training_flops
 from lib.model.setup import set_up
 from lib.model.translate import greedy_translate
 from lib.tasks import get_task
-from lib.train.averaging import averaged_model, keep_for_averaging
+from lib.train.averaging import averaged_model, averaging_step, keep_for_averaging
 from lib.train.run import Run
-from lib.train.steps import StepClock, read_back, set_lr
+from lib.train.steps import StepClock, clip, read_back, set_lr
 from transformer.schedules import noam_lr
 
 log = logging.getLogger(__name__)
@@ -68,7 +68,7 @@ def train_seq2seq(task, cfg: TrainConfig, data_dir, tokenizer_dir, model_path, c
     run = Run(trainee, cfg, optimizer, length=("epochs", "epoch"),
               counters={"epoch": 0, "batches_done": 0, "elapsed_s": 0.0, "epochs_since_best": 0},
               data_dir=data_dir, tokenizer_dir=tokenizer_dir, checkpoint_dir=checkpoint_dir, live_dir=live_dir,
-              stop_keys=("max_steps", "time_budget_minutes", "patience", "average_last"))
+              stop_keys=("max_steps", "time_budget_minutes", "patience", "average_last", "average"))
     train, valid = seq2seq_splits(run, cfg, data_dir, tokenizer_dir)
     run.open()
     trainee.model.train()
@@ -125,7 +125,7 @@ def seq2seq_epoch(run: Run, cfg: TrainConfig, train: Pairs, clock: StepClock) ->
                 if loaded < len(todo):  # the host collates the next batch while the device computes this one
                     upcoming, loaded = load(todo[loaded]), loaded + 1
             loss = distributed.sum_over_processes(loss_sum, ctx) / n_tokens
-            grad_norm = torch.nn.utils.clip_grad_norm_(trainee.model.parameters(), cfg.clip_norm, foreach=True)
+            grad_norm = clip(trainee.model.parameters(), cfg.clip_norm)
             loss, grad_norm = read_back(loss, grad_norm)
             seconds = clock.lap()
             run.check_finite(loss)
@@ -137,7 +137,7 @@ def seq2seq_epoch(run: Run, cfg: TrainConfig, train: Pairs, clock: StepClock) ->
             progress.update(len(group))
             progress.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}")
             state["batches_done"] += len(group)
-            if cfg.average_every and state["step"] % cfg.average_every == 0:
+            if averaging_step(cfg, state["step"]):
                 keep_for_averaging(run, cfg)
             if state["step"] % cfg.checkpoint_every == 0 or signals.stop_requested():
                 state["elapsed_s"] += clock.spent()

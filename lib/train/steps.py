@@ -10,6 +10,14 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float):
         group["lr"] = lr
 
 
+def clip(parameters, clip_norm: float) -> torch.Tensor:
+    """The gradients' global norm, before clipping them to ``clip_norm`` (0: no clipping, the norm only)."""
+    parameters = list(parameters)
+    if not clip_norm:
+        return torch.nn.utils.get_total_norm([p.grad for p in parameters if p.grad is not None], foreach=True)
+    return torch.nn.utils.clip_grad_norm_(parameters, clip_norm, foreach=True)
+
+
 def read_back(*scalars: torch.Tensor) -> list[float]:
     """A step's loss and gradient norm on the host: its one wait for the device, once backward and clipping
     are queued and before the optimizer's step (so that a NaN never reaches the weights)."""

@@ -1,5 +1,6 @@
 """Eq. 1 and the multi-head projections in their fast form; held equal to transformer.attention by
-tests/test_fast.py. Dims as there; G = H / Hkv query heads per key/value head."""
+tests/test_fast.py. Dims as there; G = H / Hkv query heads per key/value head. Where no caller reads the
+weights (training, plain decoding) off the CPU, eq. 1 is torch's fused kernel."""
 
 import torch
 import torch.nn.functional as F
@@ -43,6 +44,23 @@ def grouped_attention(q, k, v, mask=None, dropout: nn.Module | None = None, bias
     return out.view(B, H, Tq, D), weights  # (B, H, Tq, D), (B, H, Tq, Tk)
 
 
+def fused_attention(q, k, v, mask=None, dropout_p: float = 0.0, bias=None) -> torch.Tensor:
+    """Eq. 1 by ``F.scaled_dot_product_attention`` (flash or memory-efficient kernels on a GPU), which never
+    makes the weights: (B, H, Tq, D). A query with no key to attend to gets zeros, as in the reference."""
+    B, H, Tq, D = q.shape
+    no_key = None
+    if mask is not None:
+        check_mask(mask, (B, H, Tq, k.size(2)))
+        no_key = ~mask.any(dim=-1, keepdim=True)  # (B or 1, 1 or H, Tq or 1, 1)
+        mask = mask | no_key  # such a row attends to every key, then is zeroed: no NaN forward or backward
+        if bias is not None:
+            mask = torch.where(mask, bias, torch.finfo(q.dtype).min)
+    elif bias is not None:
+        mask = bias
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, enable_gqa=k.size(1) != H)
+    return out if no_key is None else out.masked_fill(no_key, 0.0)
+
+
 def _grouped(bias: torch.Tensor, B: int, H: int, G: int, Tq: int) -> torch.Tensor:
     """A bias broadcastable to (B, H, Tq, Tk), laid out as the grouped scores: (B*H/G or 1, G*Tq or 1, Tk)."""
     bias = bias.reshape((1,) * (4 - bias.dim()) + bias.shape)  # (B or 1, H or 1, Tq or 1, Tk)
@@ -76,5 +94,9 @@ class FastMultiHeadAttention(MultiHeadAttention):
         b = self.qkv_proj.bias
         return F.linear(x, self.qkv_proj.weight[rows], None if b is None else b[rows])
 
-    def attend(self, q, k, v, mask, bias):
-        return grouped_attention(q, k, v, mask, self.dropout, bias)
+    def attend(self, q, k, v, mask, bias, need_weights: bool):
+        """The fused kernel off the CPU when nobody reads the weights; on a CPU, the grouped products (with
+        byte dropout), which train there as fast."""
+        if need_weights or eager_on_cpu(q):
+            return grouped_attention(q, k, v, mask, self.dropout, bias)
+        return fused_attention(q, k, v, mask, self.dropout.p if self.training else 0.0, bias), None
