@@ -35,6 +35,20 @@ def test_token_budget_batches_cover_everything_within_budget():
     assert token_budget_batches(pairs, 64) == token_budget_batches(pairs, 64)
 
 
+def test_a_real_token_budget_counts_each_side_without_padding():
+    """batch_unit real: at most 64 non-pad tokens a side (targets with their eos), so more than padded holds."""
+    pairs = random_pairs()
+    batches = token_budget_batches(pairs, 64, torch.Generator().manual_seed(0), unit="real")
+    assert sorted(i for b in batches for i in b) == list(range(len(pairs)))
+    for b in batches:
+        assert len(b) == 1 or max(sum(len(pairs.src[i]) for i in b), sum(len(pairs.tgt[i]) + 1 for i in b)) <= 64
+    padded = token_budget_batches(pairs, 64, torch.Generator().manual_seed(0))
+    assert len(batches) < len(padded)
+    rows = torch.tensor([3, 0, 7])
+    assert [side.tolist() for side in pairs.side_lengths(rows)] == [[len(pairs.src[i]) for i in rows.tolist()],
+                                                                    [len(pairs.tgt[i]) + 1 for i in rows.tolist()]]
+
+
 def test_collate_shifts_right_and_pads():
     pairs = Pairs([[7, 8, 9], [7]], [[10, 11], [12, 13, 14]])
     batch = collate(pairs, [0, 1], IDS)

@@ -38,6 +38,8 @@ def test_written_and_mapped_pairs_batch_as_the_lists_do(tmp_path):
     assert [mapped.src[i] for i in range(500)] == pairs.src and list(mapped.tgt) == pairs.tgt
     batches = token_budget_batches(pairs, 256, torch.Generator().manual_seed(0))
     assert token_budget_batches(mapped, 256, torch.Generator().manual_seed(0)) == batches
+    assert token_budget_batches(mapped, 256, unit="real") == token_budget_batches(pairs, 256, unit="real")
+    assert all(torch.equal(a, b) for a, b in zip(mapped.side_lengths(), pairs.side_lengths()))
     for indices in batches:
         a, b = collate(pairs, indices, IDS), collate(mapped, indices, IDS)
         for name in ("src", "tgt_in", "tgt_out"):

@@ -125,7 +125,7 @@ class TrainConfig:
     seed: int  # seeds weights, dropout and batch order
     device: str  # auto (CUDA when present), cpu or cuda
     epochs: int  # passes over the training split, at most
-    max_tokens: int  # token budget of a batch: sentences x longest padded side
+    max_tokens: int  # token budget of a batch, a side: sentences x longest padded side (see batch_unit)
     lr_factor: float  # Noam factor
     warmup: int  # Noam warmup steps: the learning rate peaks here
     label_smoothing: float  # mass spread over the non-gold, non-pad vocabulary
@@ -148,6 +148,8 @@ class TrainConfig:
     # in the log). The splits evaluate decodes (test, cumsum's length study) must fit whole: train checks them first
     accumulate: int = 1  # batches whose gradients add up to one optimizer step (gradient accumulation): the
     # update of a batch k times the size, in the memory of one; epochs then have 1/k the steps
+    batch_unit: str = "padded"  # what max_tokens counts: padded (sentences x the longest side) or real (the
+    # non-pad tokens of each side, as the paper counts its 25,000)
     peak_tflops: float | str = 0.0  # the hardware's peak TFLOP/s, for model FLOPs utilisation (train/mfu):
     # a datasheet figure, "measure" (square matmuls in train.precision, timed when training starts), or 0: none
     compile: bool = False  # torch.compile the training step's model and loss: fused element-wise kernels on a GPU
@@ -162,6 +164,7 @@ class TrainConfig:
         choose(self.precision, "precision", PRECISIONS)
         choose(self.too_long, "too_long", ("fail", "skip"))
         choose(self.average, "average", ("if_better", "always"))
+        choose(self.batch_unit, "batch_unit", ("padded", "real"))
         for name in ("epochs", "max_tokens", "warmup", "checkpoint_every", "average_last", "accumulate"):
             require(getattr(self, name) > 0, name, "must be > 0")
         require(self.max_steps >= 0, "max_steps", "must be >= 0 (0: no bound but train.epochs)")
@@ -245,6 +248,7 @@ class EvaluateConfig:
     n_samples: int  # the report's example tables: the first n test examples and the worst n
     beam_size: int = 1  # > 1: also decode with beam search of this width (1: greedy only)
     alpha: float = 0.6  # beam search's length penalty ((5 + length) / 6) ** alpha; 0 = none
+    device: str = "auto"  # where the model decodes and scores: auto (the GPU when there is one), cpu or cuda
 
     def __post_init__(self):
         require(self.max_tokens > 0, "max_tokens", "must be > 0")
@@ -252,6 +256,7 @@ class EvaluateConfig:
         require(self.n_samples > 0, "n_samples", "must be > 0")
         require(self.beam_size >= 1, "beam_size", "must be >= 1 (1: greedy search only)")
         require(self.alpha >= 0, "alpha", "must be >= 0")
+        choose(self.device, "device", ("auto", "cpu", "cuda"))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -77,6 +77,12 @@ class Pairs:
         """Each pair's wider side, as a batch pads it: the source, or the target with its bos (or eos)."""
         return [max(len(s), len(t) + 1) for s, t in zip(self.src, self.tgt)]
 
+    def side_lengths(self, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The sources' lengths and the targets' with their eos (N,) each, of ``rows`` (default: all); read from
+        the packed lengths, with no Python work per pair."""
+        src, tgt = (packed.lengths if rows is None else packed.lengths[rows] for packed in self.packed)
+        return src, tgt + 1
+
     @cached_property
     def packed(self) -> tuple[Packed, Packed]:
         """The source and target sequences packed, made once: a batch is then a few tensor
@@ -109,9 +115,11 @@ def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def token_budget_batches(
-    pairs: Pairs, max_tokens: int, generator: torch.Generator | None = None
+    pairs: Pairs, max_tokens: int, generator: torch.Generator | None = None, unit: str = "padded"
 ) -> list[list[int]]:
-    """Group similar lengths so that sentences x longest side <= max_tokens.
+    """Group similar lengths so that a batch holds at most ``max_tokens`` tokens a side: with ``unit`` padded,
+    sentences x the longest padded side; with real, the non-pad tokens of each side (the paper's count, sec.
+    5.1: "approximately 25000 source tokens and 25000 target tokens"), targets with their eos.
 
     With a generator, ties in length are broken at random and the batch order
     is shuffled; without one the order is fixed (for evaluation). A pair longer
@@ -121,14 +129,19 @@ def token_budget_batches(
     order = torch.randperm(n, generator=generator).tolist() if generator is not None else list(range(n))
     lengths = pairs.widths()
     order.sort(key=lambda i: lengths[i])  # stable: random ties stay random
-    batches, current, longest = [], [], 0
+    src, tgt = (side.tolist() for side in pairs.side_lengths()) if unit == "real" else ([0] * n, [0] * n)
+    batches, current, longest, src_sum, tgt_sum = [], [], 0, 0, 0
     for i in order:
         longest_if_added = max(longest, lengths[i])
-        if current and (len(current) + 1) * longest_if_added > max_tokens:
+        if unit == "real":
+            over = max(src_sum + src[i], tgt_sum + tgt[i]) > max_tokens
+        else:
+            over = (len(current) + 1) * longest_if_added > max_tokens
+        if current and over:
             batches.append(current)
-            current, longest_if_added = [], lengths[i]
+            current, longest_if_added, src_sum, tgt_sum = [], lengths[i], 0, 0
         current.append(i)
-        longest = longest_if_added
+        longest, src_sum, tgt_sum = longest_if_added, src_sum + src[i], tgt_sum + tgt[i]
     if current:
         batches.append(current)
     if generator is not None:

@@ -31,7 +31,8 @@ from lib.evaluate.decode import score_outputs, translate_n_best
 from lib.model.translate import greedy_translate
 from lib.model.metrics import perplexity
 from lib.model.losses import mean_loss
-from lib.model.lengths import check_evaluated_lengths
+from lib.model.lengths import check_evaluated_lengths, cut_to_fit
+from lib.core.distributed import device_named
 from lib.evaluate.by_length import extra_split_metrics, score_by_source_length
 from lib.tasks import get_task
 from lib.tasks.base import Task
@@ -92,12 +93,13 @@ def write_results(metrics: dict, samples: pd.DataFrame, by_length: pd.DataFrame,
 
 
 def evaluate_seq2seq(task, cfg: EvaluateConfig, paths: EvaluatePaths):
-    device = torch.device("cpu")
+    device = device_named(cfg.device, f"{task}.evaluate.device")
     chosen = get_task(task)
     model, tokenizers, _ = checkpoint.load_trained(paths.model, paths.tokenizer, device, task)
     frames = {split: read_split(paths.data, split) for split in chosen.evaluated_splits}
     encoded = {split: encode_pairs(tokenizers, frame) for split, frame in frames.items()}
     check_evaluated_lengths(task, encoded, model.cfg.max_len)  # the data of another run, by hand
+    encoded["test"], cut = cut_to_fit(encoded["test"], model.cfg.max_len)  # where the task's long_test is "cut"
     if cfg.beam_size > 1:  # greedy search has no length penalty; beam search's is bounded by the model's max_len
         check_alpha(model, cfg.alpha, f"{task}.evaluate.alpha")
     ids = special_ids(tokenizers)
@@ -107,7 +109,7 @@ def evaluate_seq2seq(task, cfg: EvaluateConfig, paths: EvaluatePaths):
     valid_loss = mean_loss(model, encode_pairs(tokenizers, read_split(paths.data, "valid")), ids, cfg.max_tokens,
                            device)
     references = test["tgt"].tolist()
-    metrics = {"n_test": len(test), "loss": loss, "perplexity": perplexity(loss), "valid_loss": valid_loss,
+    metrics = {"n_test": len(test), **({"n_test_cut": cut} if cut else {}), "loss": loss, "perplexity": perplexity(loss), "valid_loss": valid_loss,
                "valid_perplexity": perplexity(valid_loss)}
     searches = {"greedy": 1} | ({f"beam{cfg.beam_size}": cfg.beam_size} if cfg.beam_size > 1 else {})
     scored_references = score_outputs(model, pairs.src, pairs.tgt, ids, cfg.max_tokens)

@@ -10,12 +10,13 @@ from lib.tasks import get_task
 log = logging.getLogger(__name__)
 
 
-def fit_lengths(pairs: Pairs, max_len: int, split: str, too_long: str) -> Pairs:
-    """Every sequence (with its bos or eos) must fit the positional encoding: fail, or skip the pairs that do not."""
+def fit_lengths(pairs: Pairs, max_len: int, split: str, too_long: str) -> tuple[Pairs, int]:
+    """Every sequence (with its bos or eos) must fit the positional encoding: fail, or skip the pairs that do not.
+    Returns the pairs kept and how many were skipped."""
     widths = pairs.widths()  # the positions each pair takes: its source, or its target with its bos or eos
     fits = [width <= max_len for width in widths]
     if all(fits):
-        return pairs
+        return pairs, 0
     if too_long == "fail":
         raise ConfigError(f"train.model.max_len: {max_len} is shorter than the longest {split} sequence "
                           f"({max(widths)} tokens); raise it, or set train.too_long: skip")
@@ -24,19 +25,31 @@ def fit_lengths(pairs: Pairs, max_len: int, split: str, too_long: str) -> Pairs:
                 len(pairs) - len(kept), len(pairs), max_len)
     if not kept:
         raise ConfigError(f"train.model.max_len: {max_len} is shorter than every {split} pair")
-    return pairs.subset(kept)
+    return pairs.subset(kept), len(pairs) - len(kept)
 
 
 def check_evaluated_lengths(task: str, splits: dict[str, Pairs], max_len: int):
     """``splits`` (the ones evaluate decodes, encoded) must fit ``max_len`` whatever train.too_long says, for
-    evaluate has no pair it may drop: a ConfigError naming the longest, before training rather than after it."""
+    evaluate has no pair it may drop: a ConfigError naming the longest, before training rather than after it.
+    A task whose ``long_test`` is "cut" decodes a long test source from its first max_len tokens instead."""
     for split, pairs in splits.items():
+        if split == "test" and get_task(task).long_test == "cut":
+            continue
         if (longest := max(pairs.widths())) > max_len:
             sets = get_task(task).extra_split_longest if split != "test" else None
             raise ConfigError(f"train.model.max_len: {max_len} is shorter than the longest {split} sequence ({longest} "
                               "tokens), which the evaluate stage decodes and scores; raise it"
                               + (f", or lower {task}.{sets}" if sets else "")
                               + " (train.too_long: skip drops training pairs only)")
+
+
+def cut_to_fit(pairs: Pairs, max_len: int) -> tuple[Pairs, int]:
+    """Pairs whose source is cut to ``max_len`` tokens and target to ``max_len`` - 1 (its bos or eos takes the
+    last position), and how many pairs were cut: a long test sentence is decoded and scored all the same."""
+    cut = sum(width > max_len for width in pairs.widths())
+    if not cut:
+        return pairs, 0
+    return Pairs([list(s[:max_len]) for s in pairs.src], [list(t[:max_len - 1]) for t in pairs.tgt]), cut
 
 
 def check_budget(pairs: Pairs, max_tokens: int):

@@ -13,6 +13,7 @@ import torch
 from lib.data.pairs import collate
 from lib.report.attention_maps import attention_maps, token_strings, visible
 from lib.data.tokenizer import encode_pairs, encode_text, special_ids
+from lib.model.lengths import cut_to_fit
 
 VIEW_EXAMPLES = 32  # at most: the first test examples and the worst, alternately
 VIEW_BYTES = 2_000_000  # the JSON's cap: examples are added while it stays under (docs/report.md)
@@ -56,8 +57,9 @@ def seq2seq_view(model, tokenizers, samples: pd.DataFrame) -> dict:
     """The view's data: each chosen example's tokens and, per kind, its weights [layer][head][row][col]."""
     ids = special_ids(tokenizers)
     chosen = chosen_examples(samples)
-    pairs = encode_pairs(tokenizers, pd.DataFrame({"src": chosen["source"].tolist(),
-                                                   "tgt": chosen["greedy"].fillna("").tolist()}))
+    pairs, _ = cut_to_fit(encode_pairs(tokenizers, pd.DataFrame({"src": chosen["source"].tolist(),
+                                                                 "tgt": chosen["greedy"].fillna("").tolist()})),
+                          model.cfg.max_len)  # a long test sentence as the model read it
     examples, size, layers, heads = [], 0, 0, 0
     for i, row in enumerate(chosen.itertuples()):
         batch = collate(pairs, [i], ids)
@@ -152,7 +154,7 @@ def accumulate(totals: dict, key, stats: dict):
 def seq2seq_summary(model, tokenizers, frame: pd.DataFrame) -> pd.DataFrame:
     """Each head over the split ``frame`` (src, tgt), teacher-forced on the references."""
     ids = special_ids(tokenizers)
-    pairs = encode_pairs(tokenizers, frame)
+    pairs, _ = cut_to_fit(encode_pairs(tokenizers, frame), model.cfg.max_len)
     totals = {}
     for first in range(0, len(frame), SUMMARY_BATCH):
         indices = list(range(first, min(first + SUMMARY_BATCH, len(frame))))

@@ -23,7 +23,7 @@ from lib.data.pairs import read_text
 from lib.report.figures import (plot_losses, plot_valid_score)
 from lib.core.files import not_as_written
 from lib.report.pages import card_html, headline, report_html
-from lib.report.sections import lm_sections, seq2seq_sections
+from lib.report.sections import dropped_section, lm_sections, seq2seq_sections
 from lib.tasks import get_task
 from lib.tasks.base import Task
 from transformer.loss import smoothed_loss_floor
@@ -232,6 +232,7 @@ def report_lines(task, cfg, paths: ReportPaths, figures_dir: Path, rel: Path) ->
         model_line(state), "",
         *model_section(model, state, live_dir),
         "## Metrics", "", metrics_table(metrics), "",
+        *(dropped_section(data_dir, state, metrics) if chosen.kind == "seq2seq" else []),
         "## Training curves", "", f"![loss curves, gradient norm and learning rate]({rel}/loss.png)", "",
         curves_caption(first_loss, state["tgt_vocab_size"], smoothing, floor, state.get("initial_repeats_input"),
                        model.cfg.tie_embeddings), "",

@@ -2,6 +2,7 @@
 length study's breaking point, accuracy by target value, and the first and worst examples (seq2seq); the loss
 by context length and the samples (the LM)."""
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -16,6 +17,7 @@ from lib.evaluate.by_length import lengths_as_numbers
 from lib.report.length_study import accuracy_by_value, breaking_length
 from lib.tasks.base import Task
 from lib.data.tokenizer import encode_pairs, encode_text, special_ids
+from lib.model.lengths import cut_to_fit
 
 def breaking_section(chosen: Task, model, tokenizers, by_length: dict, samples: pd.DataFrame, trained: tuple[int, int],
                      figures_dir: Path, rel: Path) -> list[str]:
@@ -66,12 +68,33 @@ def value_section(table: pd.DataFrame, figures_dir: Path, rel: Path) -> list[str
             f"![accuracy by target value]({rel}/accuracy_by_value.png)", ""]
 
 
+def dropped_section(data_dir: Path, state: dict, metrics: dict) -> list[str]:
+    """What never reached the model whole: the training pairs prepare's cleaning dropped (cleaning.json, by
+    rule), those train skipped as longer than model.max_len, and the test sources cut to it. None: no lines."""
+    lines = []
+    cleaning = Path(data_dir) / "cleaning.json"
+    if cleaning.is_file():
+        for split, counts in json.loads(cleaning.read_text()).items():
+            if sum(counts["dropped"].values()):
+                reasons = ", ".join(f"{n:,} {why}" for why, n in counts["dropped"].items() if n)
+                lines.append(f"- prepare dropped {counts['read'] - counts['kept']:,} of {counts['read']:,} {split} "
+                             f"pairs ({reasons}; {cleaning})")
+    for split, n in state.get("skipped_too_long", {}).items():
+        if n:
+            lines.append(f"- train skipped {n:,} {split} pairs longer than model.max_len (train.too_long: skip)")
+    if metrics.get("n_test_cut"):
+        lines.append(f"- {metrics['n_test_cut']:,} of {metrics['n_test']:,} test sources are longer than "
+                     "model.max_len: decoded from their first max_len tokens, scored against the whole reference")
+    return ["## Data left out", "", *lines, ""] if lines else []
+
+
 def seq2seq_sections(chosen: Task, cfg, data_dir, tokenizers, model, metrics, samples, by_length: pd.DataFrame,
                      figures_dir: Path, rel: Path):
     """The sections of a seq2seq task's report, with the score by length its evaluate stage wrote (cumsum's
     exact match by digits, multi30k's BLEU by source words)."""
     ids = special_ids(tokenizers)
-    pairs = encode_pairs(tokenizers, read_split(data_dir, "test").head(cfg.n_attention_examples))  # the drawn ones
+    pairs, _ = cut_to_fit(encode_pairs(tokenizers, read_split(data_dir, "test").head(cfg.n_attention_examples)),
+                          model.cfg.max_len)  # the drawn ones, as the model read them
     examples = list(range(len(pairs)))
     batch = collate(pairs, examples, ids)
     maps, _ = attention_maps(model, batch, ids)

@@ -29,6 +29,9 @@ class Task:
     extra_split: str | None = None  # a split evaluate decodes too, scored by exact match at each source length
     extra_split_longest: str | None = None  # the param that sets the extra split's longest sequence
     numeric_targets: bool = False  # the targets are numbers: the report shows accuracy by target value
+    # A test sentence longer than model.max_len: "fail" (train stops before it starts, naming the param), or
+    # "cut" (decoded from its first max_len tokens and scored whole against its reference; the report counts them)
+    long_test: str = "fail"
     token_store: bool = False  # tokenize writes the splits' ids once, and train maps them (a corpus of millions)
     fetched: tuple[str, ...] = ()  # fnmatch patterns of the files fetch writes beside manifest.json
     prepared: tuple[str, ...] = SPLIT_FILES  # fnmatch patterns of the files prepare writes

@@ -52,8 +52,11 @@ def encoded_split(tokenizers, data_dir, tokenizer_dir, split: str) -> Pairs:
 def seq2seq_splits(run: Run, cfg: TrainConfig, data_dir, tokenizer_dir) -> tuple[Pairs, Pairs]:
     """The train and valid pairs, encoded; every split evaluate decodes checked to fit first."""
     task, tokenizers = run.trainee.task, run.trainee.tokenizers
-    train, valid = (fit_lengths(encoded_split(tokenizers, data_dir, tokenizer_dir, split), cfg.model.max_len, split,
-                                cfg.too_long) for split in ("train", "valid"))
+    (train, train_skipped), (valid, valid_skipped) = (
+        fit_lengths(encoded_split(tokenizers, data_dir, tokenizer_dir, split), cfg.model.max_len, split, cfg.too_long)
+        for split in ("train", "valid"))
+    if train_skipped or valid_skipped:  # model.pt says so, and the report (a file without them: none skipped)
+        run.trainee.trained_with["skipped_too_long"] = {"train": train_skipped, "valid": valid_skipped}
     check_evaluated_lengths(task, {split: encode_pairs(tokenizers, read_split(data_dir, split))
                                    for split in get_task(task).evaluated_splits}, cfg.model.max_len)
     check_budget(train, cfg.max_tokens)
@@ -96,7 +99,7 @@ def seq2seq_epoch(run: Run, cfg: TrainConfig, train: Pairs, clock: StepClock) ->
     model, ids, device, ctx = trainee.train_model, trainee.ids, trainee.device, trainee.ctx
     epoch = state["epoch"]
     order = torch.Generator().manual_seed(cfg.seed * 1_000_003 + epoch)
-    batches = token_budget_batches(train, cfg.max_tokens, order)
+    batches = token_budget_batches(train, cfg.max_tokens, order, cfg.batch_unit)
     todo = batches[state["batches_done"]:]  # resuming mid-epoch: checkpoints fall between steps' groups
     steps = [todo[i:i + cfg.accumulate] for i in range(0, len(todo), cfg.accumulate)]  # each step's batches
     load = functools.partial(load_batch, train, ids, device, ctx)
@@ -106,8 +109,8 @@ def seq2seq_epoch(run: Run, cfg: TrainConfig, train: Pairs, clock: StepClock) ->
         upcoming, loaded = (load(todo[0]), 1) if todo else (None, 0)
         for group in steps:
             clock.start()
-            src_lengths = [len(train.src[row]) for indices in group for row in indices]  # the global batches'
-            tgt_lengths = [len(train.tgt[row]) + 1 for indices in group for row in indices]  # targets, eos included
+            src_lengths, tgt_lengths = (side.tolist() for side in train.side_lengths(  # the global batches', eos included
+                torch.tensor([row for indices in group for row in indices])))
             n_tokens = sum(tgt_lengths)
             state["step"] += 1
             lr = noam_lr(state["step"], cfg.model.d_model, cfg.warmup, cfg.lr_factor)
