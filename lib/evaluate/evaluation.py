@@ -31,7 +31,7 @@ from lib.evaluate.decode import score_outputs, translate_n_best
 from lib.model.translate import greedy_translate
 from lib.model.metrics import perplexity
 from lib.model.losses import mean_loss
-from lib.model.lengths import check_evaluated_lengths, cut_to_fit
+from lib.model.lengths import check_evaluated_lengths, cut_to_fit, fit_lengths
 from lib.core.distributed import device_named
 from lib.evaluate.by_length import extra_split_metrics, score_by_source_length
 from lib.tasks import get_task
@@ -106,8 +106,9 @@ def evaluate_seq2seq(task, cfg: EvaluateConfig, paths: EvaluatePaths):
 
     test, pairs = frames["test"], encoded["test"]
     loss = mean_loss(model, pairs, ids, cfg.max_tokens, device)
-    valid_loss = mean_loss(model, encode_pairs(tokenizers, read_split(paths.data, "valid")), ids, cfg.max_tokens,
-                           device)
+    # The valid pairs training validated on: those over max_len it skipped (train.too_long skip) or refused
+    valid, _ = fit_lengths(encode_pairs(tokenizers, read_split(paths.data, "valid")), model.cfg.max_len, "valid", "skip")
+    valid_loss = mean_loss(model, valid, ids, cfg.max_tokens, device)
     references = test["tgt"].tolist()
     metrics = {"n_test": len(test), **({"n_test_cut": cut} if cut else {}), "loss": loss, "perplexity": perplexity(loss), "valid_loss": valid_loss,
                "valid_perplexity": perplexity(valid_loss)}

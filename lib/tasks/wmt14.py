@@ -29,6 +29,7 @@ LANGUAGES = ("en", "de")
 HUB_SPLITS = {"train": "train", "valid": "validation", "test": "test"}  # our split name -> the hub's
 BATCH_ROWS = 100_000  # rows read, cleaned and written at a time: the corpus is never whole in memory
 CLEANING = "cleaning.json"
+PAPER_ROWS = {"train": 4_508_785, "validation": 3_000, "test": 3_003}  # WMT 2014 en-de (sec. 5.1), the hub's splits
 LOCAL_COPY = "a local folder of the data set's parquet files (de-en/train-*.parquet, validation-*, test-*)"
 
 
@@ -83,6 +84,16 @@ def dropped_why(src: str, tgt: str, cfg: PrepareConfig) -> str | None:
     return None
 
 
+def check_rows(source: str, rows: dict[str, int]):
+    """The hub's de-en splits must hold the paper's WMT 2014 (PAPER_ROWS): another revision, a partial download
+    or a changed data set is named, split by split, before anything is written."""
+    differ = [f"{split} {rows.get(split, 0):,} (expected {n:,})" for split, n in PAPER_ROWS.items()
+              if rows.get(split) != n]
+    if differ:
+        raise ValueError(f"wmt14.fetch.source: {source} holds {', '.join(differ)} rows, not WMT 2014 en-de as "
+                         "the paper used it; pin the revision params.yaml ships, or use a local copy of it")
+
+
 SCHEMA = pa.schema([("src", pa.string()), ("tgt", pa.string())])
 
 
@@ -94,6 +105,7 @@ class WMT14(TranslationTask):
     PrepareConfig = PrepareConfig
     headline = ("greedy.bleu", "beam*.bleu", "beam*.tokenized_bleu", "valid_perplexity")
     token_store = True
+    long_test = "cut"  # newstest2014 is scored whole: a crawled-length sentence is decoded from its first max_len tokens
     fetched = ("train.parquet", "valid.parquet", "test.parquet")
     prepared = (*TranslationTask.prepared, CLEANING)
 
@@ -114,6 +126,8 @@ class WMT14(TranslationTask):
             raise ConfigError(f"wmt14.fetch.source: could not load {cfg.source!r} as a Hugging Face data set "
                               f"({type(err).__name__}: {err}); {offline_fix('wmt14.fetch.source', LOCAL_COPY)}"
                               ) from None
+        if not local and cfg.config == "de-en":
+            check_rows(cfg.source, {split: loaded[split].num_rows for split in PAPER_ROWS if split in loaded})
         files = []
         for split, hub_split in HUB_SPLITS.items():
             if hub_split not in loaded:
