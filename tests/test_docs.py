@@ -77,7 +77,7 @@ def test_no_text_speaks_of_one_teams_machines():
 # A work log's marks: "the forty-fifth session", "this session", "`status` at 22:07"; an issue's number
 # ("#8", "issue 72"; an upstream one, pytorch#126510, names its project and is a reference).
 WORK_LOG = re.compile(r"\b\w+(st|nd|rd|th) (and \w+(st|nd|rd|th) )?sessions?\b|\bthis session\b|`status` at \d", re.I)
-ISSUE = re.compile(r"(?<![\w/])#\d+\b|\bissues? #?\d+", re.I)
+ISSUE = re.compile(r"(?<![\w/&])#\d+\b|\bissues? #?\d+", re.I)
 
 
 def test_no_text_reads_as_a_work_log_or_cites_an_issue():

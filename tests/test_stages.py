@@ -572,8 +572,8 @@ def test_every_epoch_shuffles_the_batches_anew(tmp_path, built, tiny_params, mon
     """Epoch e's batches come from train.seed and e: the same pairs each epoch, grouped and ordered anew."""
     drawn = []
 
-    def recorded(pairs, max_tokens, generator=None):
-        batches = token_budget_batches(pairs, max_tokens, generator)
+    def recorded(pairs, max_tokens, generator=None, unit="padded"):
+        batches = token_budget_batches(pairs, max_tokens, generator, unit)
         if generator is not None:  # training's (validation takes its batches in a fixed order)
             drawn.append(batches)
         return batches

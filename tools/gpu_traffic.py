@@ -11,8 +11,9 @@ kernel at the hardware's limit. "mfu_ceiling" is the MFU of that time (lib.model
 real lengths, over it and the peak): no eager run of these operators can do better.
 
 The step takes the GPU's paths, not the CPU's: torch's dropout (one fused kernel, native_dropout, as CUDA
-runs it), the attention's and the loss's forms for a GPU (transformer.fast.eager.eager_on_cpu false), the loss's
-8,192-row blocks, no id check. CPU autocast puts the same operators in bf16 as CUDA's for this model (the
+runs it), the attention's and the loss's forms for a GPU (transformer.fast.eager.eager_on_cpu false: attention
+is then F.scaled_dot_product_attention, counted as CUDA's memory-efficient kernel), the loss's 8,192-row
+blocks, no id check. CPU autocast puts the same operators in bf16 as CUDA's for this model (the
 products; the residual stream, its LayerNorms and the softmax stay float32). Against a measurement: the
 H200 of 2026-12-04 ran the eager step at 2.2x its roofline, from 32k tokens a batch.
 
@@ -45,10 +46,12 @@ from unittest.mock import patch
 import torch
 import torch.nn.functional as F
 from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+from torch._inductor.ir import MultiOutput
+from torch._inductor.virtualized import V
 from torch._inductor.scheduler import BaseSchedulerNode, ExternKernelSchedulerNode, Scheduler
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils.flop_counter import flop_registry
 
 import lib.model.losses
@@ -137,6 +140,19 @@ class Traffic(TorchDispatchMode):
         return out
 
 
+def efficient_attention(q, k, v, attn_mask=None, dropout_p: float = 0.0, enable_gqa: bool = False):
+    """F.scaled_dot_product_attention as CUDA runs it with a mask: the memory-efficient kernel (the scores never
+    in memory), the boolean mask made an additive bias first, grouped key/value heads repeated."""
+    if enable_gqa:
+        k, v = (t.repeat_interleave(q.size(1) // t.size(1), dim=1) for t in (k, v))
+    bias = attn_mask
+    if attn_mask is not None and not attn_mask.is_floating_point():
+        bias = torch.zeros(attn_mask.shape, dtype=q.dtype).masked_fill(~attn_mask, float("-inf"))
+    if bias is not None:
+        bias = bias.to(q.dtype).expand(q.size(0), q.size(1), q.size(2), k.size(2))
+    return torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, bias, torch.is_grad_enabled(), dropout_p)[0]
+
+
 @contextlib.contextmanager
 def gpu_paths():
     """The model's and the loss's GPU forms on fake CPU tensors (see the module's docstring)."""
@@ -144,6 +160,7 @@ def gpu_paths():
     patches = [(module, "eager_on_cpu", lambda x: False) for module in (transformer.fast.dropout, transformer.fast.attention,
                                                                       transformer.fast.loss)]
     patches += [(transformer.layers.Embedding, "check_ids", lambda self, ids, start: None), (F, "dropout", dropout),
+                (F, "scaled_dot_product_attention", efficient_attention),
                 (lib.model.losses, "generator_nll", partial(transformer.fast.loss.generator_nll, rows=transformer.fast.loss.GPU_ROWS))]
     saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
     try:
@@ -170,9 +187,28 @@ def kernel_name(node: BaseSchedulerNode) -> str:
     "fused" and the operators it fuses."""
     if isinstance(node, ExternKernelSchedulerNode):
         op = getattr(node.node, "op_overload", None)
-        return "aten::" + (op_name(op) if op is not None else node.node.python_kernel_name.split(".")[-1])
+        if op is not None:
+            return "aten::" + op_name(op)
+        # a fallback kernel (the fused attention) may name neither: its IR node's class then
+        return "aten::" + (getattr(node.node, "python_kernel_name", None) or type(node.node).__name__).split(".")[-1]
     return "fused " + ",".join(sorted({op_name(o.target) for n in node.get_nodes() if n.node is not None
                                        for o in n.node.get_origins() if o.op == "call_function"}))
+
+
+def kernel_flops(node: BaseSchedulerNode) -> int:
+    """inductor's count of a kernel's FLOPs; for a fallback kernel it does not count (the fused attention),
+    torch's flop formula on the shapes of the operator it lowers."""
+    flops = node.estimate_flops()
+    if flops is not None or not isinstance(node, ExternKernelSchedulerNode) or isinstance(node.node, MultiOutput):
+        return flops or 0  # a MultiOutput picks one of a kernel's outputs: the kernel counted them
+    for origin in node.node.get_origins():
+        packet = getattr(origin.target, "overloadpacket", None)
+        if origin.op == "call_function" and packet in flop_registry:
+            args, kwargs = tree_map(lambda a: a.meta["val"] if isinstance(a, torch.fx.Node) else a,
+                                    (origin.args, origin.kwargs))
+            flops = flop_registry[packet](*args, **kwargs, out_val=origin.meta["val"])
+            return int(V.graph.sizevars.optimization_hint(flops))  # a dynamic graph's sizes: this step's
+    return 0
 
 
 def origin_line(node: BaseSchedulerNode) -> str:
@@ -205,7 +241,7 @@ def counted_compile(traffic: Traffic):
         def count(scheduler):
             for node in scheduler.nodes:
                 name = kernel_name(node)
-                kernels.append((name, node.estimate_flops() or 0, node.get_read_write_buffers_sizes(),
+                kernels.append((name, kernel_flops(node), node.get_read_write_buffers_sizes(),
                                 f"{origin_line(node)} (compiled {part}) {name}"))
             raise _Counted
 

@@ -1,11 +1,11 @@
 """Where the tokenize stage's time goes once the BPE is learned: writing every id of the training split
-(lib.data.tokenizer.write_splits), split into its parts and timed on a synthetic corpus like scale.py's.
+(lib.data.tokenizer.write_splits), split into its parts and timed on scale.py's synthetic corpus.
 
 Per batch of rows: reading it from parquet into Python strings; the tokenizer's encode_batch (Rust, on
 every core); taking each encoding's ids out as Python lists; and packing them into int32 arrays and
 writing them (lib.data.token_store.write_pairs). Also encode_batch_fast, which skips the character offsets.
 Run from the repository root with the venv active:
-    PYTHONPATH=. python benchmarks/wmt14/encode_cost.py --multi30k /path/to/multi30k [--pairs 300000]
+    PYTHONPATH=. python benchmarks/wmt14/encode_cost.py [--pairs 300000]
 Prints one JSON object: each part's seconds, its share, and the whole projected to WMT14's 4,508,785 pairs.
 """
 
@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import yaml
 
-from benchmarks.wmt14.scale import multi30k_pairs, write_corpus
+from benchmarks.wmt14.scale import write_corpus
 from lib.core.config import TokenizeConfig
 from lib.data.tokenizer import train_tokenizer
 from tools.results import header
@@ -38,11 +38,10 @@ def cpu_seconds() -> float:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--multi30k", required=True, type=Path, help="a folder of Multi30k's raw task-1 files")
     parser.add_argument("--pairs", type=int, default=300_000, help="training pairs to encode")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="wmt14_encode_"))
-    write_corpus(work / "hub", multi30k_pairs(args.multi30k), args.pairs)
+    write_corpus(work / "hub", args.pairs)
     files = sorted((work / "hub" / "de-en").glob("train-*.parquet"))
     params = yaml.safe_load((ROOT / "params.yaml").read_text())["wmt14"]["tokenize"]
     texts = (text for file in files for row in pq.read_table(file).column("translation").to_pylist()
