@@ -50,7 +50,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lib.data.pairs import Batch, collate, read_split, token_budget_batches
+from lib.data.pairs import Batch, Pairs, collate, read_split, token_budget_batches
 from lib.model.device import keep_freed_memory
 from lib.model.losses import seq2seq_loss
 from lib.model.metrics import LAYOUTS, PRECISION_DTYPES, clock, matmul_peak, product_rate, square_sizes, training_flops
@@ -100,9 +100,32 @@ def torch_loss(model, batch: Batch, ids: SpecialIds, smoothing: float):
                            ignore_index=ids.pad, label_smoothing=smoothing)
 
 
-def batch_source(data: Path, tok: Path, n: int):
+WMT_TOKENS, WMT_SIGMA = 30.0, 0.6  # a WMT14 sentence's BPE tokens: log-normal, mean about 23 words' worth
+
+
+def wmt_like(n: int, vocab_size: int, ids: SpecialIds):
+    """A function of a token budget that gives n batches of random ids as WMT14's are shaped (lengths log-normal
+    around 30 tokens with a long tail, at most 256; a target about as long as its source), each of about that
+    many real tokens a side (train.batch_unit real, the wmt14 recipe's)."""
+    g = torch.Generator().manual_seed(0)
+
+    def batches(max_tokens: int) -> list[Batch]:
+        count = n * max_tokens // int(WMT_TOKENS) + 100
+        lengths = torch.empty(count, 2).log_normal_(math.log(WMT_TOKENS) - WMT_SIGMA ** 2 / 2, WMT_SIGMA, generator=g)
+        lengths = lengths.round().clamp(1, 255).long().tolist()
+        pairs = Pairs(*([torch.randint(4, vocab_size, (length[side],), generator=g).tolist() for length in lengths]
+                        for side in (0, 1)))
+        return [collate(pairs, b, ids) for b in token_budget_batches(pairs, max_tokens, g, "real")[:n]]
+    return batches
+
+
+def batch_source(data: Path, tok: Path, n: int, synthetic_vocab: int = 0):
     """A function of a token budget that gives n multi30k training batches if the pipeline has built them,
-    else random 64 x 24 + 24 batches; the special ids, the vocabulary size and which batches they are."""
+    else random 64 x 24 + 24 batches (or, with ``synthetic_vocab``, WMT14-like ones: ``wmt_like``); the special
+    ids, the vocabulary size and which batches they are."""
+    if synthetic_vocab:
+        ids = SpecialIds(pad=0, bos=1, eos=2, unk=3)
+        return wmt_like(n, synthetic_vocab, ids), ids, synthetic_vocab, f"WMT14-like lengths, {synthetic_vocab} ids"
     if (data / "train.parquet").is_file() and tok.is_dir():
         tokenizers = load_tokenizers(tok)
         ids = special_ids(tokenizers)
@@ -253,6 +276,9 @@ def parse_args() -> argparse.Namespace:
                              "(the warm-up round compiles them)")
     parser.add_argument("--profile", type=checked(int, lambda n: n >= 0, "0 or more"), default=0, metavar="N",
                         help="then N steps of each model under torch.profiler: where a step's time goes")
+    parser.add_argument("--synthetic-vocab", type=checked(int, lambda n: n >= 0, "0 or more"), default=0,
+                        metavar="V", help="random ids of WMT14-like lengths from a V-token vocabulary, batched by "
+                        "real tokens, in place of multi30k's batches (0: multi30k's)")
     parser.add_argument("--data", type=Path, default=ROOT / "data" / "multi30k", help="the prepared multi30k data")
     parser.add_argument("--tokenizer", type=Path, default=ROOT / "models" / "multi30k" / "tokenizer")
     return parser.parse_args()
@@ -349,7 +375,7 @@ def main():
     device = torch.device(args.device)
     keep_freed_memory()  # as the train stage does on a CPU; process-wide, so for both models
     cfg = model_config(args)
-    batches_at, ids, V, source = batch_source(args.data, args.tokenizer, args.steps)
+    batches_at, ids, V, source = batch_source(args.data, args.tokenizer, args.steps, args.synthetic_vocab)
     for max_tokens in args.max_tokens:
         print(json.dumps({
             **header("train_throughput"), "batches": source,

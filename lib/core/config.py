@@ -155,6 +155,8 @@ class TrainConfig:
     compile: bool = False  # torch.compile the training step's model and loss: fused element-wise kernels on a GPU
     # (a minute or two of compiling when training starts); on a CPU it is slower than eager
     fast: bool = True  # true: train with transformer.fast's modules and fused loss; false: the reference forms
+    log_every: int = 1  # read each step's loss and gradient norm back from the device every N steps, in one wait:
+    # on a GPU the host queues the next steps meanwhile (1: every step). Always before weights are saved
     valid_score: bool = True  # after each epoch, the task's score of the greedy valid outputs (cumsum: exact
     # match; multi30k: BLEU), logged as valid/<score>; false: skip its decoding time
 
@@ -165,7 +167,7 @@ class TrainConfig:
         choose(self.too_long, "too_long", ("fail", "skip"))
         choose(self.average, "average", ("if_better", "always"))
         choose(self.batch_unit, "batch_unit", ("padded", "real"))
-        for name in ("epochs", "max_tokens", "warmup", "checkpoint_every", "average_last", "accumulate"):
+        for name in ("epochs", "max_tokens", "warmup", "checkpoint_every", "average_last", "accumulate", "log_every"):
             require(getattr(self, name) > 0, name, "must be > 0")
         require(self.max_steps >= 0, "max_steps", "must be >= 0 (0: no bound but train.epochs)")
         require(self.time_budget_minutes >= 0, "time_budget_minutes", "must be >= 0")

@@ -107,10 +107,12 @@ def evaluate_seq2seq(task, cfg: EvaluateConfig, paths: EvaluatePaths):
     test, pairs = frames["test"], encoded["test"]
     loss = mean_loss(model, pairs, ids, cfg.max_tokens, device)
     # The valid pairs training validated on: those over max_len it skipped (train.too_long skip) or refused
-    valid, _ = fit_lengths(encode_pairs(tokenizers, read_split(paths.data, "valid")), model.cfg.max_len, "valid", "skip")
+    valid, _ = fit_lengths(encode_pairs(tokenizers, read_split(paths.data, "valid")), model.cfg.max_len, "valid",
+                           "skip")
     valid_loss = mean_loss(model, valid, ids, cfg.max_tokens, device)
     references = test["tgt"].tolist()
-    metrics = {"n_test": len(test), **({"n_test_cut": cut} if cut else {}), "loss": loss, "perplexity": perplexity(loss), "valid_loss": valid_loss,
+    metrics = {"n_test": len(test), **({"n_test_cut": cut} if cut else {}), "loss": loss,
+               "perplexity": perplexity(loss), "valid_loss": valid_loss,
                "valid_perplexity": perplexity(valid_loss)}
     searches = {"greedy": 1} | ({f"beam{cfg.beam_size}": cfg.beam_size} if cfg.beam_size > 1 else {})
     scored_references = score_outputs(model, pairs.src, pairs.tgt, ids, cfg.max_tokens)

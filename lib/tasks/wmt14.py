@@ -105,7 +105,7 @@ class WMT14(TranslationTask):
     PrepareConfig = PrepareConfig
     headline = ("greedy.bleu", "beam*.bleu", "beam*.tokenized_bleu", "valid_perplexity")
     token_store = True
-    long_test = "cut"  # newstest2014 is scored whole: a crawled-length sentence is decoded from its first max_len tokens
+    long_test = "cut"  # newstest2014 scored whole: a sentence over max_len is decoded from its first max_len tokens
     fetched = ("train.parquet", "valid.parquet", "test.parquet")
     prepared = (*TranslationTask.prepared, CLEANING)
 

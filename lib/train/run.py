@@ -90,13 +90,14 @@ class Run:
                              "generators": {k: g.get_state() for k, g in self.generators.items()},
                              **self.state, **self.identity}, self.last_path)
 
-    def check_finite(self, loss: float):
-        """Stop before a NaN or infinite loss's update spreads it into the weights."""
+    def check_finite(self, loss: float, step: int | None = None):
+        """Stop at a NaN or infinite loss, before any weights are saved after it (``step``: the step it came
+        from, default the current one)."""
         if not math.isfinite(loss):
             kept = f"the last good checkpoint, {self.last_path}, is kept" if self.last_path.is_file() else \
                 "no checkpoint was written yet"
             raise DivergedError(
-                f"training diverged at step {self.state['step']}: the loss is {loss}. The likely cause is "
+                f"training diverged at step {step or self.state['step']}: the loss is {loss}. The likely cause is "
                 f"a learning rate too high for this model ({LR_PARAM[self.trainee.kind]}, train.warmup); {kept}")
 
     def log(self, **metrics):

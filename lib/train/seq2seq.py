@@ -16,13 +16,13 @@ from lib.data.token_store import MappedPairs, meta_path
 from lib.data.tokenizer import decode, encode_pairs
 from lib.model.lengths import check_budget, check_evaluated_lengths, fit_lengths
 from lib.model.losses import mean_loss, seq2seq_loss
-from lib.model.metrics import speed, training_flops
+from lib.model.metrics import training_flops
 from lib.model.setup import set_up
 from lib.model.translate import greedy_translate
 from lib.tasks import get_task
 from lib.train.averaging import averaged_model, averaging_step, keep_for_averaging
 from lib.train.run import Run
-from lib.train.steps import StepClock, clip, read_back, set_lr
+from lib.train.steps import Readings, StepClock, clip, set_lr
 from transformer.schedules import noam_lr
 
 log = logging.getLogger(__name__)
@@ -103,14 +103,15 @@ def seq2seq_epoch(run: Run, cfg: TrainConfig, train: Pairs, clock: StepClock) ->
     todo = batches[state["batches_done"]:]  # resuming mid-epoch: checkpoints fall between steps' groups
     steps = [todo[i:i + cfg.accumulate] for i in range(0, len(todo), cfg.accumulate)]  # each step's batches
     load = functools.partial(load_batch, train, ids, device, ctx)
+    readings = Readings(run, cfg.log_every)
     # A with: an error or Ctrl-C clears the bar too, so that the stage's one-line message starts a line.
     with tqdm(desc=f"epoch {epoch + 1}/{cfg.epochs}", initial=state["batches_done"], total=len(batches),
               leave=False, disable=None if ctx.is_main else True) as progress:  # None: at a terminal only
         upcoming, loaded = (load(todo[0]), 1) if todo else (None, 0)
         for group in steps:
             clock.start()
-            src_lengths, tgt_lengths = (side.tolist() for side in train.side_lengths(  # the global batches', eos included
-                torch.tensor([row for indices in group for row in indices])))
+            rows = torch.tensor([row for indices in group for row in indices])  # the global batches'
+            src_lengths, tgt_lengths = (side.tolist() for side in train.side_lengths(rows))  # eos included
             n_tokens = sum(tgt_lengths)
             state["step"] += 1
             lr = noam_lr(state["step"], cfg.model.d_model, cfg.warmup, cfg.lr_factor)
@@ -129,27 +130,35 @@ def seq2seq_epoch(run: Run, cfg: TrainConfig, train: Pairs, clock: StepClock) ->
                     upcoming, loaded = load(todo[loaded]), loaded + 1
             loss = distributed.sum_over_processes(loss_sum, ctx) / n_tokens
             grad_norm = clip(trainee.model.parameters(), cfg.clip_norm)
-            loss, grad_norm = read_back(loss, grad_norm)
-            seconds = clock.lap()
-            run.check_finite(loss)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             flops = training_flops(cfg.model, trainee.vocab["tgt_vocab_size"], src_lengths, tgt_lengths)
-            run.log(**{"train/loss": loss, "train/lr": lr, "train/grad_norm": grad_norm,
-                       **speed(n_tokens + sum(src_lengths), flops, seconds, trainee.peak_tflops)})
+            readings.add(state["step"], loss, grad_norm, lr, n_tokens + sum(src_lengths), flops)
             progress.update(len(group))
-            progress.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}")
             state["batches_done"] += len(group)
-            if averaging_step(cfg, state["step"]):
-                keep_for_averaging(run, cfg)
-            if state["step"] % cfg.checkpoint_every == 0 or signals.stop_requested():
-                state["elapsed_s"] += clock.spent()
-                run.save_last()
-                clock.pause()
-                signals.stop_if_requested()
+            after_step(run, cfg, clock, readings, progress)
             if cfg.max_steps and state["step"] >= cfg.max_steps:
                 break
+        readings.flush(clock)  # the epoch's last steps
     return state["batches_done"] == len(batches)
+
+
+def after_step(run: Run, cfg: TrainConfig, clock: StepClock, readings: Readings, progress: tqdm):
+    """Log the steps read back (every train.log_every steps, and before any weights are saved), keep the weights
+    for averaging, checkpoint, and stop on a signal."""
+    state = run.state
+    keep = averaging_step(cfg, state["step"])
+    save = state["step"] % cfg.checkpoint_every == 0 or signals.stop_requested()
+    if keep or save or readings.due(state["step"]):
+        loss = readings.flush(clock)
+        progress.set_postfix(loss=f"{loss:.3f}", lr=f"{run.optimizer.param_groups[0]['lr']:.2e}")
+    if keep:
+        keep_for_averaging(run, cfg)
+    if save:
+        state["elapsed_s"] += clock.spent()
+        run.save_last()
+        clock.pause()
+        signals.stop_if_requested()
 
 
 def end_epoch(run: Run, cfg: TrainConfig, valid: Pairs, clock: StepClock, complete: bool):
