@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from lib.core.config import ConfigError
@@ -114,6 +115,15 @@ STAGE_CASES = [
     ("train", "", "tasks", ["cumsum", "cumsun"], "tasks: 'cumsum' is not listed"),
     ("train", "cumsum.train", "too_long", "truncate", "cumsum.train.too_long: 'truncate' is not one of fail, skip"),
     ("evaluate", "cumsum.evaluate", "beam_size", 0, "cumsum.evaluate.beam_size: must be >= 1"),
+    ("train", "cumsum.train", "clip_norm", -1.0, "cumsum.train.clip_norm: must be >= 0 (0: no clipping)"),
+    ("train", "cumsum.train", "batch_unit", "tokens", "cumsum.train.batch_unit: 'tokens' is not one of padded, real"),
+    ("train", "cumsum.train", "average", "best", "cumsum.train.average: 'best' is not one of if_better, always"),
+    ("train", "cumsum.train", "log_every", 0, "cumsum.train.log_every: must be > 0"),
+    ("train", "cumsum.train.model", "attention_dropout", 1.0,
+     "cumsum.train.model.attention_dropout: must be in [0, 1), or null (the same as dropout)"),
+    ("evaluate", "cumsum.evaluate", "device", "gpu", "cumsum.evaluate.device: 'gpu' is not one of auto, cpu, cuda"),
+    *([("evaluate", "cumsum.evaluate", "device", "cuda",
+        "cumsum.evaluate.device 'cuda': no CUDA device is available here")] if not torch.cuda.is_available() else []),
 ]
 
 

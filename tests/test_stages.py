@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import dvclive
 import pandas as pd
@@ -528,22 +529,24 @@ def test_max_steps_stops_mid_epoch_and_raising_it_resumes_to_the_same_model(tmp_
     assert all(torch.equal(resumed["model"][k], straight["model"][k]) for k in straight["model"])
 
 
-@pytest.mark.parametrize("averaged_loss, model_loss", [(9.0, 2.0), (1.0, 1.0)])
+@pytest.mark.parametrize("averaged_loss, model_loss, average", [(9.0, 2.0, "if_better"), (1.0, 1.0, "if_better"),
+                                                                (9.0, 9.0, "always")])
 def test_model_pt_is_the_best_epoch_or_a_better_average(tmp_path, built, tiny_params, monkeypatch, caplog,
-                                                         averaged_loss, model_loss):
+                                                         averaged_loss, model_loss, average):
     """Validation losses 3, 2, 2.5, 2.6 (scripted): patience 2 stops training after the fourth epoch, and
-    model.pt is the second's weights, unless the average of the last two validates better still."""
+    model.pt is the second's weights, unless the average of the last two validates better still; with
+    train.average always (the paper's), the average whatever it validates."""
     losses = iter([3.0, 2.0, 2.5, 2.6, averaged_loss])
     for module in (seq2seq, averaging):  # the epochs' validation, then the average's
         monkeypatch.setattr(module, "mean_loss", lambda *args: next(losses))
-    tiny_params["cumsum"]["train"].update(epochs=10, patience=2, average_last=2)
+    tiny_params["cumsum"]["train"].update(epochs=10, patience=2, average_last=2, average=average)
     with caplog.at_level("INFO", logger="lib"):
         summary = train_into(tmp_path, tiny_params, built)
     assert "stopped: no better validation loss for 2 epochs (train.patience)" in caplog.text
     assert next(losses, None) is None and summary["best_valid_loss"] == 2.0
     model, best = checkpoint.load(tmp_path / "model.pt"), checkpoint.load(tmp_path / "ckpt" / "best.pt")
     assert model["valid_loss"] == model_loss and best["valid_loss"] == 2.0 and best["step"] < summary["step"]
-    assert model.get("averaged_epochs") == (2 if averaged_loss < 2.0 else None)
+    assert model.get("averaged_epochs") == (2 if averaged_loss < 2.0 or average == "always" else None)
 
 
 def test_averaging_by_steps_is_the_mean_of_the_last_weights_saved_every_n_steps(tmp_path, built, tiny_params,
@@ -566,6 +569,24 @@ def test_averaging_by_steps_is_the_mean_of_the_last_weights_saved_every_n_steps(
         assert torch.equal(weights, mean.to(weights.dtype)), name
     assert captions.model_line(model).startswith("Model: the average of the last 3 checkpoints' weights (one "
                                                  "every 3 steps)")
+
+
+def test_the_checkpoints_averaged_end_at_max_steps(tmp_path):
+    """train.average_every counted back from max_steps (the paper's 100,000 is no multiple of 1,400): the last
+    weights averaged are the final step's; without max_steps, every N steps from the start."""
+    def kept(**train) -> list[int]:
+        cfg = SimpleNamespace(**{"max_steps": 0, **train})
+        return [step for step in range(1, 22) if averaging.averaging_step(cfg, step)]
+
+    assert kept(average_every=5, max_steps=21) == [1, 6, 11, 16, 21]
+    assert kept(average_every=5) == [5, 10, 15, 20]
+    for step in range(1, 22):
+        (tmp_path / f"step-{step}.pt").touch()
+    cfg = SimpleNamespace(average_every=5, max_steps=21, average_last=3)
+    for step, last in ((21, [21, 16, 11]), (19, [16, 11, 6])):  # stopped early (a time budget): the last kept
+        run = SimpleNamespace(state={"step": step}, checkpoint_dir=tmp_path)
+        paths, unit = averaging.averaged_paths(run, cfg)
+        assert [int(path.stem.split("-")[1]) for path in paths] == last and unit == "checkpoints"
 
 
 def test_every_epoch_shuffles_the_batches_anew(tmp_path, built, tiny_params, monkeypatch):
