@@ -192,6 +192,18 @@ def test_a_full_disk_writing_the_metrics_keeps_the_last_samples_too(tmp_path, bu
         "by_length.csv": "the last run's lengths"}
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="names a GPU this machine lacks")
+def test_evaluating_on_a_gpu_that_is_not_here_names_the_param(tmp_path, built, tiny_params):
+    """evaluate.device cuda without one: the param named before any work, nothing written (auto takes the CPU)."""
+    outputs = tmp_path / "metrics.json", tmp_path / "samples.jsonl", tmp_path / "by_length.csv"
+    tiny_params["cumsum"]["evaluate"]["device"] = "cuda"
+    with pytest.raises(ValueError, match=r"^cumsum\.evaluate\.device 'cuda': no CUDA device is available here"):
+        evaluation.run("cumsum", stage_config(tiny_params, "cumsum", "evaluate"), EvaluatePaths(
+            data=built["data"], tokenizer=built["tokenizer"], model=built["model"],
+            **dict(zip(("metrics", "samples", "lengths"), outputs))))
+    assert not any(path.exists() for path in outputs)
+
+
 def test_an_alpha_past_the_models_bound_is_named_as_the_param_before_evaluating(tmp_path, built, tiny_params):
     """An evaluate stage run after only evaluate.alpha changed (train's checks did not see it): the param is
     named, before the test and validation losses are computed (it was `alpha 1000.0: ...`, from the search).
