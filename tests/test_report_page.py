@@ -14,7 +14,9 @@ from lib.model import checkpoint
 from lib.report.attention_view import chosen_examples
 from lib.data.pairs import collate
 from lib.report.attention_maps import attention_maps
-from lib.report.reporting import read_samples
+from lib.report import reporting
+from lib.report.reporting import ReportPaths, read_samples
+from lib.tasks.params import stage_config
 from lib.data.tokenizer import encode_pairs, special_ids
 from tests.conftest import TINY_PARAMS, run_stage
 from tests.test_stages import built, last_line  # noqa: F401 (built: the tiny cumsum pipeline, a fixture)
@@ -91,6 +93,39 @@ def test_the_report_page_works_offline_and_a_clicked_token_shows_its_row(browser
     assert visit.errors == []
     assert all(url.startswith(report_dir.as_uri()) for url in visit.requests), visit.requests
     assert any(url.endswith("/figures/loss.png") for url in visit.requests)  # its figures: local files
+    page.close()
+
+
+# A sample whose source and output hold markup, script, a link, Markdown and a table's | (cumsum's reference
+# stays its numbers: the report reads them as the values summed)
+HOSTILE = {"source": "<script>window.pwned = 1</script> 3 | 4",
+           "greedy": '<img src=x onerror="window.pwned = 2"> **3** [x](javascript:window.pwned=3) <eos> &amp; `7` '
+                     "\\ _8_"}
+
+
+def test_text_from_the_data_and_the_model_stays_text(browser, built, tmp_path):
+    """report.html built from that sample shows each string as written, each in its own cell (source, reference,
+    greedy), and runs no script; the report's own words about <eos> and <bos> show them too."""
+    samples = read_samples(built["samples"], "seq2seq")
+    first = samples.index[samples["first"]][0]
+    for column, text in HOSTILE.items():
+        samples.loc[first, column] = text
+    samples.loc[first, "correct"] = False
+    samples.to_json(tmp_path / "samples.jsonl", orient="records", lines=True, force_ascii=False)
+    out = tmp_path / "report.md"
+    reporting.run("cumsum", stage_config(TINY_PARAMS, "cumsum", "report"), ReportPaths(
+        data=built["data"], tokenizer=built["tokenizer"], model=built["model"], metrics=built["metrics"],
+        samples=tmp_path / "samples.jsonl", lengths=built["lengths"], live=built["live"], out=out,
+        figures=tmp_path / "figures", losses=tmp_path / "losses.csv"))
+    visit = Visit(browser, tmp_path / "report.html")
+    page = visit.page
+    assert page.evaluate("typeof window.pwned") == "undefined"
+    assert page.locator("img[src='x'], a[href^='javascript'], strong, em").count() == 0
+    row = page.locator("h2:text-is('First test examples') + table tbody tr").first
+    cells = row.locator("td").all_text_contents()
+    assert [cells[0], cells[2]] == list(HOSTILE.values())
+    assert "the source's <eos> (decoder self-attention: <bos>)" in page.inner_text("body")
+    assert visit.errors == []
     page.close()
 
 

@@ -161,6 +161,11 @@ def test_the_page_translates_what_is_typed_and_shows_its_attention(browser, live
     assert page.locator("#av-example option").first.text_content() == "2 7 1"
     page.locator("#av-heads table").first.locator('tbody th[data-index="1"]').click()
     assert page.locator("#av-heads tr.picked").count() >= 1
+    typed = '<img src=x onerror="window.pwned = 1"> 3 <b>4</b>'  # markup typed in: shown as text, never run
+    page.fill("#input", typed)
+    page.click("#submit")
+    page.wait_for_function(f"document.querySelector('#av-example option').textContent === {typed!r}")
+    assert page.evaluate("typeof window.pwned") == "undefined" and page.locator("img[src='x'], b").count() == 0
     page.fill("#input", "")
     page.click("#submit")
     page.wait_for_function("document.getElementById('notes').textContent.length > 0")

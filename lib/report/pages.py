@@ -7,10 +7,12 @@ no network request, so it reads the same offline.
 
 import html
 import json
+import re
 from fnmatch import fnmatch
 from pathlib import Path
 
 import markdown
+import pandas as pd
 
 from lib.core.config import flatten
 
@@ -29,8 +31,33 @@ def page(title: str, body: str, script: str = "") -> str:
 
 
 def markdown_html(text: str) -> str:
-    """report.md's Markdown (pipe tables, code blocks) as HTML."""
-    return markdown.markdown(text, extensions=["tables", "fenced_code"], output_format="html")
+    """report.md's Markdown (pipe tables, code blocks) as HTML. Raw HTML in it stays text: Markdown would pass
+    it through as markup, and the report quotes data and model outputs (``literal``)."""
+    converter = markdown.Markdown(extensions=["tables", "fenced_code"], output_format="html")
+    converter.preprocessors.deregister("html_block")
+    converter.inlinePatterns.deregister("html")
+    return converter.convert(text)
+
+
+MARKDOWN_MARKS = re.compile(r"([\\`*_\[\]|])")  # what starts emphasis, code, a link, or ends a table cell
+
+
+def literal(text) -> str:
+    """A data or model string (a source, a reference, an output) as Markdown that shows it as written: & < >
+    as HTML's entities, Markdown's inline marks and | backslash-escaped. Nothing in it becomes markup, a link
+    or a table cell's border."""
+    return MARKDOWN_MARKS.sub(r"\\\1", html.escape(str(text), quote=False))
+
+
+def literal_frame(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with every text cell ``literal``, for ``to_markdown``."""
+    return frame.map(lambda value: literal(value) if isinstance(value, str) else value)
+
+
+def code_block(text: str) -> list[str]:
+    """``text`` as a fenced code block (shown as written), its fence longer than any run of backticks inside."""
+    fence = "`" * max(3, 1 + max((len(run) for run in re.findall(r"`+", text)), default=0))
+    return [fence, text, fence]
 
 
 def json_script(element_id: str, data) -> str:

@@ -48,7 +48,7 @@ def metrics_table(metrics: dict) -> str:
         names = list(dict.fromkeys(k for scores in searches.values() for k in scores if not k.endswith("signature")))
         side = pd.DataFrame({"metric": names, **{search: [_format(scores.get(name, "")) for name in names]
                                                 for search, scores in searches.items()}})
-        lines += ["", "Decoding (seconds: the whole test set on this machine's CPU):", "",
+        lines += ["", "Decoding (seconds: the whole test set, on evaluate.device):", "",
                   side.to_markdown(index=False, disable_numparse=True)]
         signatures = {k: v for k, v in first.items() if k.endswith("signature")}
         lines += [""] + [f"- {name.replace('_', ' ')}: `{value}`" for name, value in signatures.items()]

@@ -15,6 +15,7 @@ from lib.report.figures import (pair_heatmaps, plot_accuracy_by_value, plot_atte
                                 plot_loss_by_length, plot_score_by_length)
 from lib.evaluate.by_length import lengths_as_numbers
 from lib.report.length_study import accuracy_by_value, breaking_length
+from lib.report.pages import code_block, literal, literal_frame
 from lib.tasks.base import Task
 from lib.data.tokenizer import encode_pairs, encode_text, special_ids
 from lib.model.lengths import cut_to_fit
@@ -44,8 +45,8 @@ def breaking_section(chosen: Task, model, tokenizers, by_length: dict, samples: 
     lines += [f"At length {length}, exact match is {share:.2f} (the model trained on lengths {trained[0]}-"
               f"{trained[1]}). The first wrong sequence of that length:", "",
               pd.DataFrame({"": ["source", "reference", "greedy output"],
-                            "tokens": [f"`{example.source}`", f"`{example.reference}`",
-                                       f"`{example.greedy}`" if example.greedy else "(empty)"]}
+                            "tokens": [literal(example.source), literal(example.reference),
+                                       literal(example.greedy) if example.greedy else "(empty)"]}
                            ).to_markdown(index=False), "",
               "The attention that wrote that output: the model teacher-forced on its own greedy output, so "
               "each decoder row is the step that chose its token. Red rows chose a token other than the "
@@ -136,10 +137,11 @@ def seq2seq_sections(chosen: Task, cfg, data_dir, tokenizers, model, metrics, sa
     lines += summary_lines(seq2seq_summary(model, tokenizers, read_split(data_dir, "test")),
                            "the source's <eos> (decoder self-attention: <bos>)", "test split, teacher-forced")
     columns = ["source", "reference", "greedy", *[c for c in samples.columns if c.startswith("beam")], "correct"]
-    lines += ["## First test examples", "", samples[samples["first"]][columns].to_markdown(index=False), ""]
+    lines += ["## First test examples", "", literal_frame(samples[samples["first"]][columns]).to_markdown(index=False),
+              ""]
     # The worst the evaluate stage kept, by the task's score: only the wrong outputs among them
     worst = samples[samples["worst"] & ~samples["correct"].astype(bool)].sort_values("score", kind="stable")
-    lines += ["## Worst test examples", "", worst[columns].to_markdown(index=False) if len(worst) else
+    lines += ["## Worst test examples", "", literal_frame(worst[columns]).to_markdown(index=False) if len(worst) else
               "Every test output is correct: there is no wrong one to show.", ""]
     return lines
 
@@ -166,5 +168,5 @@ def lm_sections(cfg, data_dir, tokenizers, model, samples, by_length: pd.DataFra
               "first few characters of a block are guessed almost blind.", "",
               f"![loss by context length]({rel}/loss_by_length.png)", "", "## Samples", ""]
     for row in samples.itertuples():
-        lines += [f"Prompt `{row.prompt!r}`:", "", "```", row.prompt + row.sample, "```", ""]
+        lines += [f"Prompt {literal(repr(row.prompt))}:", "", *code_block(row.prompt + row.sample), ""]
     return lines
