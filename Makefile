@@ -15,6 +15,7 @@ repro: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro
 
 test: $(STAMP)
+	$(BIN)/ruff check --quiet .
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q
 
 clean-venv:

@@ -6,7 +6,8 @@ from lib.stage.cli import DIRECTORY, FILE, stage_main
 from lib.report.reporting import ReportPaths, run
 
 READS = ["data", "tokenizer", "model", "metrics", "samples", "lengths", "live"]  # the paths read, as --options
-WRITES = {"out": FILE, "page": FILE, "card": FILE, "figures": DIRECTORY, "losses": FILE, "scores": FILE}  # and those it writes
+# and those it writes
+WRITES = {"out": FILE, "page": FILE, "card": FILE, "figures": DIRECTORY, "losses": FILE, "scores": FILE}
 
 
 def main(argv=None):

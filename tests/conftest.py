@@ -20,8 +20,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from lib.train.identity import module_files  # noqa: E402
-from transformer.config import ModelConfig  # noqa: E402
+from lib.train.identity import module_files  # noqa: E402 - after sys.path holds the repository
+from transformer.config import ModelConfig  # noqa: E402 - after sys.path holds the repository
 
 
 def run_tree(command: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess:

@@ -155,7 +155,8 @@ def test_an_lm_scores_a_text_on_cuda_as_on_the_cpu():
     from lib.evaluate.evaluation import text_metrics
 
     torch.manual_seed(0)
-    model = build_model(model_config(encoder_layers=0, norm_first=True, tie_embeddings=True), "lm", V, V, True, fast=True).eval()
+    cfg = model_config(encoder_layers=0, norm_first=True, tie_embeddings=True)
+    model = build_model(cfg, "lm", V, V, True, fast=True).eval()
     ids = torch.randint(4, V, (50,))
     here = text_metrics(model, ids, 50, 16)
     there = text_metrics(model.cuda(), ids, 50, 16)

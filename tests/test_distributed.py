@@ -81,7 +81,8 @@ def prepare(tmp_path, params: dict, task: str):
 
     params_path = tmp_path / "params.yaml"
     params_path.write_text(yaml.safe_dump(params))
-    fetch_and_prepare(task, stage_config(params, task, "fetch"), stage_config(params, task, "prepare"), tmp_path / "data")
+    fetch_and_prepare(task, stage_config(params, task, "fetch"), stage_config(params, task, "prepare"),
+                      tmp_path / "data")
     run_tokenize(task, stage_config(params, task, "tokenize"), tmp_path / "data", tmp_path / "tok")
     return params_path
 

@@ -71,7 +71,8 @@ def test_the_fast_model_is_the_reference_model(task, precision):
     reference, fast = reference_and_fast(task)
     assert [type(m) for m in fast.modules()].count(FastMultiHeadAttention) > 0
     assert list(reference.state_dict()) == list(fast.state_dict())
-    inputs = (padded_ids(batch, T, vocab),) if kind == "lm" else (padded_ids(batch, S, vocab), padded_ids(batch, T, vocab))
+    inputs = ((padded_ids(batch, T, vocab),) if kind == "lm" else
+              (padded_ids(batch, S, vocab), padded_ids(batch, T, vocab)))
     tolerance = FP32 if precision == "fp32" else BF16
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
         want, want_grads = forward_and_grads(reference, task, inputs)

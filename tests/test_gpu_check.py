@@ -104,7 +104,8 @@ def test_a_python_lacking_the_requirements_is_told_each(tmp_path):
     result = run_tree(["bash", "-c", script], timeout=60, cwd=ROOT, env={**os.environ, "PYTHON": str(python)})
     assert result.returncode == 0, result.stderr
     wanted = [line.split("#")[0].strip() for line in (ROOT / "requirements.txt").read_text().splitlines()]
-    assert result.stdout.split() == [req for req in wanted if req and not req.startswith(("torch", "datasets", "import-linter"))]
+    assert result.stdout.split() == [req for req in wanted
+                                     if req and not req.startswith(("torch", "datasets", "import-linter"))]
 
 
 def test_a_profile_that_records_no_time_still_gives_its_figures():
@@ -194,7 +195,7 @@ def test_gpu_traffic_counts_what_each_operator_moves():
     touches of its source what its index names; a view moves nothing. Its FLOPs are the products'."""
     from tools.gpu_traffic import Traffic
 
-    meta = lambda *shape, dtype=torch.float32: torch.empty(*shape, dtype=dtype, device="meta")  # noqa: E731
+    meta = lambda *shape, dtype=torch.float32: torch.empty(*shape, dtype=dtype, device="meta")  # noqa: E731 - a one-line helper, named where it is used
     a, m = meta(1000), meta(1000, 8000)
     with Traffic() as traffic:
         a + a
@@ -234,7 +235,8 @@ def test_gpu_traffic_takes_the_gpu_step_that_mfu_counts():
     cfg, V, ids, batch = small_step()
     before = transformer.fast.dropout.eager_on_cpu, transformer.fast.attention.eager_on_cpu, torch.nn.functional.dropout
     ops = gpu_traffic.step_traffic(cfg, V, batch, ids)
-    assert (transformer.fast.dropout.eager_on_cpu, transformer.fast.attention.eager_on_cpu, torch.nn.functional.dropout) == before
+    after = transformer.fast.dropout.eager_on_cpu, transformer.fast.attention.eager_on_cpu, torch.nn.functional.dropout
+    assert after == before
     flops = training_flops(cfg, V, [9] * 6, [7] * 6)
     # The fused attention's backward computes Q K^T again (2 B Tq Tk C FLOPs a call), work MFU does not count
     recomputed = 2 * 6 * cfg.d_model * (2 * 9 * 9 + 2 * (7 * 7 + 7 * 9))  # 2 encoder layers; 2 decoder, self and cross

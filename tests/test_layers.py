@@ -1,5 +1,6 @@
 """The layers of .importlinter hold: each folder imports only from the folders below it, so no import cycle
-can form, the model package imports nothing of the pipeline, and training imports nothing of what evaluates, reports or serves."""
+can form, the model package imports nothing of the pipeline, and training imports nothing of what evaluates,
+reports or serves."""
 
 import ast
 import os
@@ -58,7 +59,8 @@ def test_no_file_function_or_class_of_the_pipeline_or_the_model_is_too_long_to_r
         if text.count("\n") > LIMITS["file"]:
             too_long.append(f"{name}: {text.count(chr(10))} lines")
         for node in ast.walk(ast.parse(text)):
-            kind = {ast.FunctionDef: "function", ast.AsyncFunctionDef: "function", ast.ClassDef: "class"}.get(type(node))
+            kinds = {ast.FunctionDef: "function", ast.AsyncFunctionDef: "function", ast.ClassDef: "class"}
+            kind = kinds.get(type(node))
             if kind and node.end_lineno - node.lineno + 1 > LIMITS[kind]:
                 too_long.append(f"{name}:{node.lineno} {kind} {node.name}: {node.end_lineno - node.lineno + 1} lines")
     assert too_long == []

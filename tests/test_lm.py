@@ -193,7 +193,8 @@ def test_accumulating_two_batches_is_one_step_on_both(lm_built, tmp_path):
                      tmp_path / name / "ckpt", tmp_path / name / "live")
         curves = tmp_path / name / "live" / "plots" / "metrics" / "train"
         return (torch.load(tmp_path / name / "ckpt" / "last.pt", weights_only=True)["model"],
-                {c: pd.read_csv(curves / f"{c}.tsv", sep="\t")[c].values for c in ("loss", "grad_norm", "tokens_per_s")})
+                {c: pd.read_csv(curves / f"{c}.tsv", sep="\t")[c].values
+                 for c in ("loss", "grad_norm", "tokens_per_s")})
 
     (accumulated, curves), (whole, whole_curves) = train(4, 2, "accumulated"), train(8, 1, "whole")
     for name, weight in whole.items():
@@ -262,7 +263,7 @@ def test_top_k_filter_keeps_the_k_largest():
 
 def test_sampling_is_seeded_and_stays_in_the_top_k():
     model = TransformerLM(model_config(max_len=32), 20).eval()
-    draw = lambda seed, k: sample(model, [1, 2, 3], 12, 1.5, k, torch.Generator().manual_seed(seed), 32)  # noqa: E731
+    draw = lambda seed, k: sample(model, [1, 2, 3], 12, 1.5, k, torch.Generator().manual_seed(seed), 32)  # noqa: E731 - a one-line helper, named where it is used
     assert draw(7, 4) == draw(7, 4)
     assert draw(7, 0) != draw(8, 0)
     out = draw(3, 4)
@@ -408,7 +409,8 @@ def test_generate_continues_a_prompt(tmp_path, lm_built, capsys):
     generate.main(run + ["--prompt", "ROMEO:\n", "--top-p", "0.9", "--seed", "3", "--attention", str(tmp_path / "att")])
     assert capsys.readouterr().out == first  # seeded, and drawing its attention changes nothing
     assert sorted(p.name for p in (tmp_path / "att").iterdir()) == ["attention.md", "self_attention.png"]
-    assert all(any(fnmatch.fnmatchcase(p.name, pattern) for pattern in attention_figures.FIGURE_FILES)  # what --output may not
+    # what --output may not be
+    assert all(any(fnmatch.fnmatchcase(p.name, pattern) for pattern in attention_figures.FIGURE_FILES)
                for p in (tmp_path / "att").iterdir())
     assert "The first 16 tokens of the prompt" in (tmp_path / "att" / "attention.md").read_text()  # its block size
     generate.main(run + ["--prompt", "ROMEO:\n", "--top-p", "0.9", "--seed", "3", "--num-samples", "3"])

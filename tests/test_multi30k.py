@@ -592,7 +592,8 @@ def test_generate_draws_the_attention_that_wrote_each_output(tmp_path, trained, 
     outputs = (out_dir / "out.txt").read_text(encoding="utf-8").split("\n")
     pngs = [f"{kind}_attention_line{n}.png" for kind in ("cross", "decoder_self", "encoder_self") for n in (1, 3)]
     assert sorted(p.name for p in out_dir.iterdir()) == sorted(["attention.md", "out.txt", *pngs])  # out.txt: ours
-    assert all(any(fnmatch.fnmatchcase(p.name, pattern) for pattern in attention_figures.FIGURE_FILES)  # what --output may not
+    # what --output may not be
+    assert all(any(fnmatch.fnmatchcase(p.name, pattern) for pattern in attention_figures.FIGURE_FILES)
                for p in out_dir.iterdir() if p.name != "out.txt")
     assert all((out_dir / name).stat().st_size > 0 for name in os.listdir(out_dir))
     page = (out_dir / "attention.md").read_text(encoding="utf-8")

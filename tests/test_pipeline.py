@@ -119,7 +119,8 @@ def test_a_checkpoint_is_tied_to_exactly_the_code_dvc_reruns_training_for(task):
     for dep in (dep.replace("${item}", task) for dep in deps if dep.startswith(("lib/", "transformer/"))):
         folder = ROOT / dep
         code_deps |= {str(f.relative_to(ROOT)) for f in folder.glob("*.py")} if folder.is_dir() else {dep}
-    code = {str(path.relative_to(ROOT)) for path in training_code(task)} - {"lib/__init__.py", "transformer/__init__.py"}
+    code = ({str(path.relative_to(ROOT)) for path in training_code(task)}
+            - {"lib/__init__.py", "transformer/__init__.py"})
     # the stage script's helpers: its argv and params (read by lib/core/text.py; a task's fetch section through
     # lib/data/sources.py)
     stage_script = {"lib/stage/__init__.py", "lib/stage/cli.py", "lib/tasks/params.py", "lib/data/sources.py",

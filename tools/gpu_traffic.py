@@ -156,12 +156,13 @@ def efficient_attention(q, k, v, attn_mask=None, dropout_p: float = 0.0, enable_
 @contextlib.contextmanager
 def gpu_paths():
     """The model's and the loss's GPU forms on fake CPU tensors (see the module's docstring)."""
-    dropout = lambda x, p=0.5, training=True, inplace=False: torch.native_dropout(x, p, training)[0]  # noqa: E731
-    patches = [(module, "eager_on_cpu", lambda x: False) for module in (transformer.fast.dropout, transformer.fast.attention,
-                                                                      transformer.fast.loss)]
+    dropout = lambda x, p=0.5, training=True, inplace=False: torch.native_dropout(x, p, training)[0]  # noqa: E731 - a one-line helper, named where it is used
+    patches = [(module, "eager_on_cpu", lambda x: False)
+               for module in (transformer.fast.dropout, transformer.fast.attention, transformer.fast.loss)]
     patches += [(transformer.layers.Embedding, "check_ids", lambda self, ids, start: None), (F, "dropout", dropout),
                 (F, "scaled_dot_product_attention", efficient_attention),
-                (lib.model.losses, "generator_nll", partial(transformer.fast.loss.generator_nll, rows=transformer.fast.loss.GPU_ROWS))]
+                (lib.model.losses, "generator_nll",
+                 partial(transformer.fast.loss.generator_nll, rows=transformer.fast.loss.GPU_ROWS))]
     saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
     try:
         for owner, name, value in patches:
@@ -294,7 +295,7 @@ def step_traffic(cfg: ModelConfig, vocab_size: int, batch, ids, compiled: bool =
 def roofline(ops: list[tuple], peak_tflops: float, bandwidth: float, model_flops: float, steps: int = 1) -> dict:
     """The modelled time of ``ops`` (those of ``steps`` steps, ``model_flops`` theirs) at ``peak_tflops`` and
     ``bandwidth`` (TB/s), a step's, by kind and by line."""
-    seconds = lambda flops, moved: max(flops / (peak_tflops * 1e12), moved / (bandwidth * 1e12))  # noqa: E731
+    seconds = lambda flops, moved: max(flops / (peak_tflops * 1e12), moved / (bandwidth * 1e12))  # noqa: E731 - a one-line helper, named where it is used
     kinds, lines = defaultdict(lambda: [0.0, 0.0]), defaultdict(lambda: [0.0, 0.0])
     for name, flops, moved, where in ops:
         for totals in (kinds[kind_of(name)], lines[where]):

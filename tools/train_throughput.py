@@ -80,7 +80,7 @@ class TorchReference(nn.Module):
         self.scale = math.sqrt(cfg.d_model)
 
     def forward(self, src, tgt, pad_id):
-        embed = lambda ids: self.dropout(self.positions(self.embed(ids) * self.scale))  # noqa: E731
+        embed = lambda ids: self.dropout(self.positions(self.embed(ids) * self.scale))  # noqa: E731 - a one-line helper, named where it is used
         # True: may not attend
         causal = torch.ones(tgt.size(1), tgt.size(1), dtype=torch.bool, device=tgt.device).triu(1)
         hidden = self.transformer(embed(src), embed(tgt), tgt_mask=causal, tgt_is_causal=True,
@@ -203,7 +203,7 @@ def profile(steps, device: torch.device) -> dict:
     for name, _, ms in ops:
         kinds[kind_of(name)] += ms
     busy = sum(kinds.values())
-    top = lambda rows: [[name, round(calls, 1), round(ms, 3)] for name, calls, ms  # noqa: E731
+    top = lambda rows: [[name, round(calls, 1), round(ms, 3)] for name, calls, ms  # noqa: E731 - a one-line helper, named where it is used
                         in sorted(rows, key=lambda row: -row[2])[:12]]
     result = {"step_ms": round(seconds * 1000 / n, 2), "busy_ms": round(busy, 2),
               "ops_per_step": round(sum(calls for _, calls, _ in ops)),
@@ -218,7 +218,7 @@ def profile(steps, device: torch.device) -> dict:
                 for e in shaped.key_averages(group_by_input_shape=True)
                 if e.device_type.name == "CPU" and e.flops and kind_of(e.key) == "matmul"]
     # TFLOP/s to 3 significant figures: a small model's products on a busy CPU run at under 0.0005
-    tflops = lambda flops, ms: float(f"{flops / ms / 1e9:.3g}") if ms else None  # noqa: E731
+    tflops = lambda flops, ms: float(f"{flops / ms / 1e9:.3g}") if ms else None  # noqa: E731 - a one-line helper, named where it is used
     counted = {name for name, *_ in products}  # the products whose FLOPs the profiler counts, timed unshaped
     result["matmul_tflops"] = tflops(sum(f for *_, f in products), sum(ms for name, _, ms in ops if name in counted))
     result["top_matmuls"] = [[name, shapes, round(calls, 1), round(ms, 3), tflops(f, ms)]

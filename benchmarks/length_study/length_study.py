@@ -21,7 +21,8 @@ per encoding, then this page from their metrics:
     for p in sinusoidal learned rope alibi; do
       dvc exp run --queue -n pos-$p -S cumsum.train.model.positional=$p; done
     dvc queue start && dvc queue status        # until all four are done
-    PYTHONPATH=. python benchmarks/length_study/length_study.py --from-exps pos-sinusoidal pos-learned pos-rope pos-alibi
+    PYTHONPATH=. python benchmarks/length_study/length_study.py \
+        --from-exps pos-sinusoidal pos-learned pos-rope pos-alibi
 """
 
 import argparse
@@ -38,16 +39,16 @@ import matplotlib
 import pandas as pd
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt  # noqa: E402 - after matplotlib.use: the backend is set before pyplot loads
 
 from lib.evaluate import by_length, evaluation
 from lib.evaluate.evaluation import EvaluatePaths
 from lib.tasks.stages import run_tokenize
-from lib.train import training  # noqa: E402
+from lib.train import training  # noqa: E402 - after matplotlib.use, as the imports above
 from lib.core.config import ConfigError
 from lib.core.text import load_params, parse_yaml
-from lib.tasks.params import stage_config  # noqa: E402
-from lib.tasks import cumsum  # noqa: E402
+from lib.tasks.params import stage_config  # noqa: E402 - after matplotlib.use, as the imports above
+from lib.tasks import cumsum  # noqa: E402 - after matplotlib.use, as the imports above
 from lib.tasks.stages import run_prepare
 from tools.results import header
 

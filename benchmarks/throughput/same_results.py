@@ -9,7 +9,8 @@ seconds, the training steps' median tokens a second, the best validation loss an
 median tokens a second ("after_over_before").
 Without --before, this tree alone runs (a param the other tree lacks, such as train.fast=false).
 Run from the repository root with the venv active:
-    PYTHONPATH=. python benchmarks/throughput/same_results.py [--before /tmp/before] --task cumsum [--set train.epochs=1 ...]
+    PYTHONPATH=. python benchmarks/throughput/same_results.py [--before /tmp/before] --task cumsum
+        [--set train.epochs=1 ...]
         [--source ../shared/data/multi30k] [--evaluate] [--workdir /tmp/same_results] [--rounds 3]
 """
 
@@ -54,7 +55,8 @@ def run_tree(tree: Path, scratch: Path, task: str, args) -> dict:
     params = overridden(load_params(tree / "params.yaml"), task, args.set, args.source)
     (scratch / "params.yaml").write_text(json.dumps(params))  # JSON is YAML
     data, tok, model = f"data/{task}", f"models/{task}/tokenizer", f"models/{task}/model.pt"
-    steps = [["fetch", task, "--out", f"sources/{task}"], ["prepare", task, "--source", f"sources/{task}", "--out", data],
+    steps = [["fetch", task, "--out", f"sources/{task}"],
+             ["prepare", task, "--source", f"sources/{task}", "--out", data],
              ["tokenize", task, "--data", data, "--out", tok],
              ["train", task, "--data", data, "--tokenizer", tok, "--model", model, "--checkpoints",
               f"models/{task}/checkpoints", "--live", f"reports/{task}/train"]]

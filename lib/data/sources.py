@@ -43,7 +43,7 @@ def offline_fix(key: str, what: str) -> str:
 def download(url: str, dest: Path, key: str, expected: str | None, local_copy: str):
     """``url`` into ``dest``; a sha256 other than ``expected`` (None: not checked) fails, naming both."""
     try:
-        with urllib.request.urlopen(url, timeout=60) as response, open(dest, "wb") as file:  # noqa: S310
+        with urllib.request.urlopen(url, timeout=60) as response, open(dest, "wb") as file:  # noqa: S310 - the URL is the task's own https source
             shutil.copyfileobj(response, file, 1 << 20)
     except (OSError, ValueError) as err:  # URLError and HTTPError are OSErrors; a malformed URL a ValueError
         if isinstance(err, OSError) and err.errno is not None and not isinstance(err, urllib.error.URLError):

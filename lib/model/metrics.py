@@ -84,8 +84,8 @@ def square_sizes(device: torch.device, dtype: torch.dtype = torch.float32, flags
     """Matrix sizes that reach the device's matmul peak in ``dtype``: a GPU needs larger ones to fill it.
 
     bfloat16 on a CPU whose ``flags`` (default: this CPU's) lack ``BF16_KERNEL_FLAGS`` is as slow at every
-    size, and its 2048 products take seconds each: it is timed on 256 x 256 products alone. No flags known (not x86 Linux):
-    the usual sizes.
+    size, and its 2048 products take seconds each: it is timed on 256 x 256 products alone. No flags known (not
+    x86 Linux): the usual sizes.
     """
     if device.type == "cuda":
         return 4096, 8192

@@ -28,7 +28,8 @@ def curves_caption(first_loss: float, vocab_size: int, smoothing: float, floor: 
             text += f" The untrained model predicted the token it was given at {repeats:.0%} of positions"
             text += (": its input vectors are also its output layer's rows (train.model.tie_embeddings), large "
                      "enough to outweigh the rest of what it reads. Where the loss then lingers on a plateau, "
-                     "tie_embeddings: false starts it elsewhere (benchmarks/length_study/tie_start.py)." if tied else ".")
+                     "tie_embeddings: false starts it elsewhere (benchmarks/length_study/tie_start.py)."
+                     if tied else ".")
     if floor > 0:
         text += (f" The per-step training loss is the label-smoothed loss (train.label_smoothing {smoothing}), "
                  "under dropout: it levels off above the entropy of the smoothed targets, "

@@ -6,11 +6,11 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-import torch  # noqa: E402
+import matplotlib.pyplot as plt  # noqa: E402 - after matplotlib.use: the backend is set before pyplot loads
+import pandas as pd  # noqa: E402 - after matplotlib.use: the backend is set before pyplot loads
+import torch  # noqa: E402 - after matplotlib.use: the backend is set before pyplot loads
 
-from lib.report.attention_maps import token_strings  # noqa: E402
+from lib.report.attention_maps import token_strings  # noqa: E402 - after matplotlib.use: the backend is set before pyplot loads
 
 
 def plot_losses(curves: dict[str, pd.DataFrame | None], out: Path, floor: float = 0.0):

@@ -1,4 +1,4 @@
-"""A task as one class (STYLE 22): the base gives every method and attribute a default, and a task overrides
+"""A task as one class: the base gives every method and attribute a default, and a task overrides
 what differs. The pipeline asks a task for its data, its vocabulary's text and its scores, and reads what
 it declares (its kind, its headline metrics, the files it writes); it never probes for an attribute.
 

@@ -113,7 +113,7 @@ class Translator:
         text_of(sentence, "sentence")
         if output is not None:
             text_of(output, "output")
-        where = lambda _: "the sentence"  # noqa: E731
+        where = lambda _: "the sentence"  # noqa: E731 - a one-line helper, named where it is used
         if output is None:  # the search's own tokens, not its text encoded again
             _, messages, written = translate_lines(self.model, self.tokenizers, [sentence], 1, 0.0, 20,
                                                    self.max_tokens, 1, where)
