@@ -122,7 +122,8 @@ STAGE_CASES = [
     ("train", "cumsum.train", "log_every", 0, "cumsum.train.log_every: must be > 0"),
     ("train", "cumsum.train.model", "attention_dropout", 1.0,
      "cumsum.train.model.attention_dropout: must be in [0, 1), or null (the same as dropout)"),
-    ("evaluate", "cumsum.evaluate", "device", "gpu", "cumsum.evaluate.device: 'gpu' is not one of auto, cpu, cuda"),
+    ("evaluate", "cumsum.evaluate", "device", "gpu",
+     "cumsum.evaluate.device: 'gpu' is not one of auto, cpu, cuda, mps"),
 ]
 
 

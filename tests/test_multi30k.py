@@ -683,7 +683,7 @@ def test_generate_reads_stdin_and_names_what_it_cannot_use(tmp_path, trained, ca
         ["--models", str(trained), "--input", "-", "--alpha", "-1", "--prompt", "Ein", "--top-k", "5"])
     assert "--n-best 4: must be in [1, --beam-size 3] (the beam holds that many outputs)" in fails(
         ["--models", str(trained), "--input", "-", "--beam-size", "3", "--n-best", "4"])
-    assert "generate: error: --device 'gpu': not a device (auto, cpu, cuda, cuda:N, ...)\n" == fails(
+    assert "generate: error: --device 'gpu': not a device (auto, cpu, cuda, cuda:N, mps, ...)\n" == fails(
         ["--models", str(trained), "--input", str(tmp_path / "in.txt"), "--device", "gpu"])
     with pytest.raises(SystemExit) as exit_info:  # named as the option it came from (it said `tasks: unknown task`)
         generate.main(["--task", "multi30K", "--input", "-"])

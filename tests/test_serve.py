@@ -3,7 +3,12 @@
 
 import json
 import shutil
+import socket
+import subprocess
+import sys
 import threading
+import time
+import urllib.request
 
 import pytest
 from werkzeug.serving import make_server
@@ -90,16 +95,52 @@ def test_a_bad_request_is_a_json_4xx_naming_the_field_and_the_server_keeps_servi
 
 
 def test_what_is_not_a_request_to_this_model_is_a_json_4xx(client):
+    """400, 404, 405 and 413 in one JSON shape, {"error", "field"}: the field null where none is at fault."""
     assert client.post("/api/translate", data="not json").json["field"] == "body"
-    assert client.post("/api/translate", data="{", content_type="application/json").status_code == 400
-    assert client.post("/api/translate", data="x" * (MOST_BODY + 1), content_type="application/json"
-                       ).status_code == 413
-    assert client.get("/api/translate").status_code == 405
-    assert client.get("/nowhere").status_code == 404
+    replies = {400: client.post("/api/translate", data="{", content_type="application/json"),
+               413: client.post("/api/translate", data="x" * (MOST_BODY + 1), content_type="application/json"),
+               405: client.get("/api/translate"), 404: client.get("/nowhere")}
+    for status, reply in replies.items():
+        assert reply.status_code == status and set(reply.json) == {"error", "field"}, status
+        assert reply.json["field"] == ("body" if status == 400 else None)
+        assert "Traceback" not in reply.get_data(as_text=True)
     wrong = client.post("/api/generate", json={"prompt": "1 2"})
     assert wrong.status_code == 404 and "this server's model (cumsum) takes /api/translate" in wrong.json["error"]
-    for reply in (client.get("/nowhere"), client.get("/api/translate")):
-        assert reply.is_json and "Traceback" not in reply.get_data(as_text=True)
+
+
+def test_warnings_name_the_requests_own_fields(client):
+    """A word the tokenizer never saw: the warning names the request's text (its index in a list), not the
+    Python API's argument or method."""
+    alone = client.post("/api/translate", json={"text": "3 x 4"}).json["warnings"]
+    listed = client.post("/api/translate", json={"text": ["1 2", "3 x 4"], "beam_size": 2}).json["warnings"]
+    assert alone and all(note.startswith("text: ") for note in alone), alone
+    assert listed and all(note.startswith("text[1]: ") for note in listed), listed
+    assert not any("sentences" in note or "n_best" in note for note in alone + listed)
+
+
+def test_the_serve_command_runs_a_production_server(models, built):
+    """python -m lib.use.serve: waitress, not Flask's development server and its warning."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "lib.use.serve", "--task", "cumsum", "--models", str(models),
+                               "--metrics", str(built["metrics"]), "--port", str(port)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as reply:
+                    assert json.load(reply) == {"status": "ok"}
+                    break
+            except OSError:
+                time.sleep(0.2)
+        else:
+            pytest.fail("the server did not answer /healthz within 60 s")
+    finally:
+        server.terminate()
+        said = server.communicate(timeout=30)[0]
+    assert "development server" not in said and "Serving on http://127.0.0.1:" in said, said
 
 
 def test_a_model_of_another_task_is_refused_at_start(models):

@@ -1464,11 +1464,27 @@ def test_a_model_loaded_onto_a_device_translates_and_reads_as_on_the_cpu(built, 
         assert all(torch.allclose(a, b, atol=1e-4) for a, b in zip(ours[kind].layers, theirs[kind].layers))
 
 
+def test_apple_silicon_is_taken_when_there_is_one(monkeypatch):
+    """device auto: CUDA, else MPS (Apple silicon), else the CPU; mps by name only where it is; precision auto
+    keeps fp32 there. The choice alone: no Mac runs these tests."""
+    from lib.core.distributed import device_named
+    from lib.model.device import resolve_precision
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    assert device_named("auto") == device_named("mps") == torch.device("mps")
+    assert resolve_precision("auto", torch.device("mps")) == "fp32"
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    assert device_named("auto") == torch.device("cpu")
+    with pytest.raises(ValueError, match=r"^train\.device 'mps': no Apple-silicon GPU \(MPS\) is available here"):
+        device_named("mps", "train.device")
+
+
 def test_loading_onto_a_device_that_is_not_here_names_the_device(built):
     """Not torch's deserialisation error, which the checkpoint loader would read as a corrupt file."""
     from lib.use.inference import load
 
-    with pytest.raises(ValueError, match=r"device 'gpu': not a device \(auto, cpu, cuda, cuda:N, ...\)"):
+    with pytest.raises(ValueError, match=r"device 'gpu': not a device \(auto, cpu, cuda, cuda:N, mps, ...\)"):
         load(built["model"].parent, device="gpu")
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match=r"device 'cuda': no CUDA device is available here"):
@@ -1476,7 +1492,8 @@ def test_loading_onto_a_device_that_is_not_here_names_the_device(built):
     assert next(load(built["model"].parent, device="auto").model.parameters()).device.type == (
         "cuda" if torch.cuda.is_available() else "cpu")
     for device, message in [(None, r"device None: not a device \(auto, cpu"),
-                            ("mps", r"device 'mps': not a device this toolkit runs on \(auto, cpu, cuda, cuda:N\)"),
+                            *([("mps", r"device 'mps': no Apple-silicon GPU \(MPS\) is available here")]
+                              if not torch.backends.mps.is_available() else []),
                             ("meta", "device 'meta': not a device this toolkit runs on")]:
         with pytest.raises(ValueError, match=message):  # not "model.pt: not a readable checkpoint (corrupt ...)"
             load(built["model"].parent, device=device)

@@ -123,7 +123,7 @@ class TokenizeConfig:
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     seed: int  # seeds weights, dropout and batch order
-    device: str  # auto (CUDA when present), cpu or cuda
+    device: str  # auto (CUDA when present, else MPS on Apple silicon, else the CPU), cpu, cuda or mps
     epochs: int  # passes over the training split, at most
     max_tokens: int  # token budget of a batch, a side: sentences x longest padded side (see batch_unit)
     lr_factor: float  # Noam factor
@@ -162,7 +162,7 @@ class TrainConfig:
 
     def __post_init__(self):
         check_seed(self.seed)
-        choose(self.device, "device", ("auto", "cpu", "cuda"))
+        choose(self.device, "device", ("auto", "cpu", "cuda", "mps"))
         choose(self.precision, "precision", PRECISIONS)
         choose(self.too_long, "too_long", ("fail", "skip"))
         choose(self.average, "average", ("if_better", "always"))
@@ -182,7 +182,7 @@ class TrainConfig:
 @dataclasses.dataclass(frozen=True)
 class LMTrainConfig:
     seed: int  # seeds weights, dropout and the blocks drawn
-    device: str  # auto (CUDA when present), cpu or cuda
+    device: str  # auto (CUDA when present, else MPS on Apple silicon, else the CPU), cpu, cuda or mps
     max_iters: int  # optimizer steps
     batch_size: int  # blocks per step
     block_size: int  # tokens of context per block (at most model.max_len)
@@ -209,7 +209,7 @@ class LMTrainConfig:
 
     def __post_init__(self):
         check_seed(self.seed)
-        choose(self.device, "device", ("auto", "cpu", "cuda"))
+        choose(self.device, "device", ("auto", "cpu", "cuda", "mps"))
         choose(self.precision, "precision", PRECISIONS)
         choose(self.schedule, "schedule", ("cosine", "noam"))
         for name in ("max_iters", "batch_size", "block_size", "warmup", "eval_every", "eval_batches",
@@ -250,7 +250,7 @@ class EvaluateConfig:
     n_samples: int  # the report's example tables: the first n test examples and the worst n
     beam_size: int = 1  # > 1: also decode with beam search of this width (1: greedy only)
     alpha: float = 0.6  # beam search's length penalty ((5 + length) / 6) ** alpha; 0 = none
-    device: str = "auto"  # where the model decodes and scores: auto (the GPU when there is one), cpu or cuda
+    device: str = "auto"  # where the model decodes and scores: auto (the GPU when there is one), cpu, cuda or mps
 
     def __post_init__(self):
         require(self.max_tokens > 0, "max_tokens", "must be > 0")
@@ -258,7 +258,7 @@ class EvaluateConfig:
         require(self.n_samples > 0, "n_samples", "must be > 0")
         require(self.beam_size >= 1, "beam_size", "must be >= 1 (1: greedy search only)")
         require(self.alpha >= 0, "alpha", "must be >= 0")
-        choose(self.device, "device", ("auto", "cpu", "cuda"))
+        choose(self.device, "device", ("auto", "cpu", "cuda", "mps"))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -52,19 +52,25 @@ def setup(device: torch.device) -> Context:
 
 
 def device_named(name: str | torch.device, param: str = "device") -> torch.device:
-    """"auto" (CUDA where there is a GPU, else the CPU), "cpu", "cuda", "cuda:1", ... or a torch.device. A name
-    that is no device, one this toolkit does not run on (mps, meta, ...), or a GPU this machine lacks is a
-    ValueError naming ``param`` (not, say, a checkpoint that fails to load onto it)."""
+    """"auto" (CUDA where there is a GPU, else Apple silicon's MPS where there is one, else the CPU), "cpu",
+    "cuda", "cuda:1", "mps", ... or a torch.device. A name that is no device, one this toolkit does not run on
+    (meta, ...), or a GPU this machine lacks is a ValueError naming ``param`` (not, say, a checkpoint that
+    fails to load onto it)."""
     if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
+        name = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
     try:
         device = torch.device(name)
     except (RuntimeError, TypeError):
-        raise ValueError(f"{param} {name!r}: not a device (auto, cpu, cuda, cuda:N, ...)") from None
+        raise ValueError(f"{param} {name!r}: not a device (auto, cpu, cuda, cuda:N, mps, ...)") from None
     if device.type == "cpu":
         return torch.device("cpu")  # one CPU however named: torch.load cannot map a checkpoint onto "cpu:0"
+    if device.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise ValueError(f"{param} {name!r}: no Apple-silicon GPU (MPS) is available here ({param} auto takes "
+                             "the CPU then)")
+        return torch.device("mps")
     if device.type != "cuda":
-        raise ValueError(f"{param} {name!r}: not a device this toolkit runs on (auto, cpu, cuda, cuda:N)")
+        raise ValueError(f"{param} {name!r}: not a device this toolkit runs on (auto, cpu, cuda, cuda:N, mps)")
     if not torch.cuda.is_available():
         raise ValueError(f"{param} {name!r}: no CUDA device is available here ({param} auto takes the CPU then)")
     if device.index is not None and device.index >= (count := torch.cuda.device_count()):

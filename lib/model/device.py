@@ -39,12 +39,14 @@ def keep_freed_memory():
 
 
 def resolve_precision(name: str, device: torch.device, flags: set[str] | None = None) -> str:
-    """train.precision as fp32 or bf16: auto is bf16 on a GPU that has it and on a CPU that multiplies
-    bfloat16 natively (``flags``, default this CPU's), fp32 elsewhere. Fixed for a machine, so that the
-    same params and seed still give the same model there. bf16 asked for by name on a CPU whose flags lack
-    it is kept, with a warning: it is the slower there."""
+    """train.precision as fp32 or bf16: auto is bf16 on a CUDA GPU that has it and on a CPU that multiplies
+    bfloat16 natively (``flags``, default this CPU's), fp32 elsewhere (Apple silicon's MPS included). Fixed
+    for a machine, so that the same params and seed still give the same model there. bf16 asked for by name
+    on a CPU whose flags lack it is kept, with a warning: it is the slower there."""
     if device.type == "cuda":
         native = ["bf16"] if torch.cuda.is_bf16_supported() else []
+    elif device.type == "mps":  # bf16 autocast there is not what it is on a GPU: auto keeps fp32
+        native = []
     else:
         flags = cpu_flags() if flags is None else flags
         native = sorted(flags & NATIVE_BF16_FLAGS)

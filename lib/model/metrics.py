@@ -48,6 +48,8 @@ def clock(device: torch.device) -> float:
     """Seconds now, once the device has done the work queued on it (a GPU runs behind the Python code)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
     return time.perf_counter()
 
 

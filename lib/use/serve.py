@@ -10,14 +10,18 @@
     GET  /api/info       the task, what the model was trained with, and its metrics
     GET  /healthz        {"status": "ok"}
 
-A bad request gets a JSON 4xx naming the field (``{"error": ..., "field": ...}``), never a traceback. One
-request runs the model at a time (a lock): torch already spreads one request over every core, so requests
-side by side would only share them, each slower. The server binds 127.0.0.1 unless ``--host`` says otherwise.
+Every error is JSON of one shape, ``{"error": ..., "field": ...}``: a bad request's 400 names the field, and a 404,
+405, 413 or 500 has field null; never a traceback. Warnings name the request's own fields. It serves through
+waitress, a production WSGI server in pure Python (``--debug``: Flask's development server, which reloads on
+each code change). One request runs the model at a time (a lock): torch already spreads one request over
+every core, so requests side by side would only share them, each slower. The server binds 127.0.0.1 unless
+``--host`` says otherwise.
 """
 
 import argparse
 import json
 import logging
+import re
 import threading
 import warnings
 from dataclasses import dataclass, field
@@ -104,16 +108,25 @@ def body_of(fields: set[str], required: str) -> dict:
     return body
 
 
-def checked(work, name: str):
-    """``work()``, with its warnings (a word read as <unk>, a text past max_len) returned beside the result. Every
-    option is checked before it runs, so what the model refuses is the text it was given: a 400 naming ``name``."""
+def checked(work, name: str, one: bool = True):
+    """``work()``, with its warnings (a word read as <unk>, a text past max_len) returned beside the result, each
+    naming the request's field ``name`` (``name[i]``: the i-th of a list, unless ``one``). Every option is checked
+    before it runs, so what the model refuses is the text it was given: a 400 naming ``name``."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
             result = work()
         except (ValueError, TypeError) as err:
             raise BadRequest(name, str(err)) from None
-    return result, [str(w.message) for w in caught]
+    return result, [as_requested(str(w.message), name, one) for w in caught]
+
+
+def as_requested(message: str, name: str, one: bool) -> str:
+    """A warning of lib.use.inference as the request names things: the Python method's name dropped
+    ("n_best: "), its argument ("sentences[0]") the request's field."""
+    message = re.sub(r"^\w+: ", "", message, count=1)
+    return re.sub(r"^(sentences|prompt|text)(\[(\d+)\])?",
+                  lambda m: name if one or m.group(3) is None else f"{name}[{m.group(3)}]", message, count=1)
 
 
 def only(kind_lm: bool, route: str):
@@ -126,13 +139,13 @@ def bad_request(err: BadRequest):
     return jsonify(error=str(err), field=err.field), 400
 
 
-def http_error(err: HTTPException):  # 404, 405, 413 (a body past MOST_BODY): JSON, as every reply
-    return jsonify(error=f"{err.code} {err.name}: {err.description}"), err.code
+def http_error(err: HTTPException):  # 404, 405, 413 (a body past MOST_BODY): the 400's shape, no field at fault
+    return jsonify(error=f"{err.code} {err.name}: {err.description}", field=None), err.code
 
 
 def unforeseen(err: Exception):  # a bug: logged here, never a traceback in the reply
     log.exception("unforeseen error serving %s", request.path)
-    return jsonify(error="internal error (logged by the server)"), 500
+    return jsonify(error="internal error (logged by the server)", field=None), 500
 
 
 def healthz():
@@ -165,10 +178,10 @@ def translate():
         raise BadRequest("n_best", f"n_best {n_best}: must be in [1, beam_size {beam_size}]")
     shown, model = flag(body, "attention"), served().model
     with served().lock, torch.inference_mode():
-        found, notes = checked(lambda: model.n_best(texts, n_best, beam_size, alpha), "text")
+        found, notes = checked(lambda: model.n_best(texts, n_best, beam_size, alpha), "text", one)
         views, more = checked(lambda: [served_view(model.attention(t, outputs[0].text), t, {
             "source": t, "output": outputs[0].text}) if outputs and shown else None
-            for t, outputs in zip(texts, found)], "text")
+            for t, outputs in zip(texts, found)], "text", one)
     results = []
     for t, outputs, view in zip(texts, found, views):
         result = {"text": t, "translation": outputs[0].text if outputs else ""}
@@ -259,6 +272,10 @@ def main(argv=None):
     parser.add_argument("--metrics", help="its metrics.json, for /api/info (default: reports/<task>/metrics.json)")
     parser.add_argument("--host", default="127.0.0.1", help="the address to bind (default: 127.0.0.1, this machine)")
     parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--threads", type=int, default=4, help="waitress's worker threads: requests read and "
+                        "answered side by side (the model runs one at a time)")
+    parser.add_argument("--debug", action="store_true", help="Flask's development server, reloading on each code "
+                        "change, instead of waitress")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
@@ -266,7 +283,12 @@ def main(argv=None):
                          args.metrics or f"reports/{args.task}/metrics.json")
     except (ValueError, FileNotFoundError) as err:
         parser.exit(2, f"serve: error: {err}\n")
-    app.run(host=args.host, port=args.port, threaded=True)
+    if args.debug:
+        app.run(host=args.host, port=args.port, threaded=True, debug=True)
+        return
+    import waitress  # imported here: only the served process needs it
+
+    waitress.serve(app, host=args.host, port=args.port, threads=args.threads, ident="lib.use.serve")
 
 
 if __name__ == "__main__":
