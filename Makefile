@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: repro test clean-venv
+.PHONY: repro test test-quick clean-venv
 
 # (Re)install whenever requirements.txt changes.
 $(STAMP): requirements.txt
@@ -17,6 +17,11 @@ repro: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check --quiet .
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q
+
+# The edit-test loop: the unit tests, without those marked slow (pyproject.toml's markers)
+test-quick: $(STAMP)
+	$(BIN)/ruff check --quiet .
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q -m "not slow"
 
 clean-venv:
 	rm -rf $(VENV)

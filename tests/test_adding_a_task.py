@@ -12,7 +12,9 @@ import yaml
 
 from tests.conftest import DVC, ROOT, TINY_PARAMS, code_not_in_deps, dvc_repo, sh, stages_run
 
-pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+pytestmark = [pytest.mark.skipif(shutil.which("git") is None, reason="needs git"),
+              pytest.mark.slow]  # a real dvc exp run through every stage
+
 
 GUIDE = (ROOT / "docs" / "adding-a-task.md").read_text()
 

@@ -21,6 +21,9 @@ from lib.core import distributed
 from tests.conftest import ROOT, run_stage, run_tree, shorten_splits
 
 
+pytestmark = pytest.mark.slow  # torchrun: processes that start and train
+
+
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 

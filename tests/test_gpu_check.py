@@ -54,6 +54,7 @@ sys.meta_path.insert(0, BreakCompileOnImport())
 """
 
 
+@pytest.mark.slow
 def test_gpu_check_runs_every_step_and_summarises(tmp_path):
     """The whole script, compiling (COMPILE=1), with its way out when compiling fails: here the compiled
     model always raises (inductor's C++ build would take minutes on 2 cores), so the compiled training
@@ -254,6 +255,7 @@ def test_gpu_traffic_takes_the_gpu_step_that_mfu_counts():
     assert gpu_traffic.roofline(ops * 3, 0.1, 0.01, 3 * flops, steps=3) == result  # figures a step
 
 
+@pytest.mark.slow
 def test_gpu_traffic_counts_the_compiled_step_as_inductor_fuses_it(monkeypatch):
     """--compiled: the step as train.compile runs it, each graph's kernels as inductor fuses them, counted and
     never built. Its products are the eager step's, each loss block's counted at each call (blocks of 16 rows:

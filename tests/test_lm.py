@@ -123,6 +123,7 @@ def test_a_gpu_out_of_memory_names_the_lms_batch_params(lm_built, tmp_path, monk
                      tmp_path / "live")
 
 
+@pytest.mark.slow  # a stage as its own process
 def test_the_cpu_running_out_of_memory_names_the_lms_batch_params(lm_built, tmp_path):
     """A real allocation the machine refuses: train.batch_size 10^10 (a typo's size) asks for 75 GiB of block
     indices at once. It was torch's `RuntimeError: [enforce fail at alloc_cpu.cpp:127] ... DefaultCPUAllocator:
@@ -753,6 +754,7 @@ def test_the_guides_python_example_for_the_lm_runs(tmp_path, lm_built, capsys):
     assert len(capsys.readouterr().out) == 200  # the default max_new_tokens, a character each
 
 
+@pytest.mark.slow  # generate as its own process
 def test_generate_stops_quietly_when_the_reader_of_stdout_does(tmp_path, lm_built):
     """`| head`: the sample is streamed, so the reader closing the pipe meets a write; exit 1 and no message
     (not `generate: error: [Errno 32] Broken pipe`)."""

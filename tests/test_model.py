@@ -482,6 +482,7 @@ def test_a_training_step_reads_nothing_back_from_an_accelerator(positional, mode
     assert seq2seq_loss.shape == lm_loss.shape == ()
 
 
+@pytest.mark.slow  # torch.compile
 def test_the_training_forward_pass_compiles_into_one_graph():
     """Under torch.compile (train.compile) dropout and attention's fully-masked-row pass take their
     traceable forms on a CPU too, so the training forward pass is one graph there as on a GPU:
@@ -491,6 +492,7 @@ def test_the_training_forward_pass_compiles_into_one_graph():
     assert explanation.graph_count == 1
 
 
+@pytest.mark.slow  # torch.compile
 def test_a_compiled_seq2seq_serves_every_batch_shape_with_one_graph(monkeypatch):
     """lib.train.training.compile_model: batches with S == T, then S != T, then another batch size, all
     through the first graph; by default the first batch's S == T would be assumed from then on."""

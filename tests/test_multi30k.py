@@ -131,6 +131,7 @@ def test_bad_data_is_named_and_leaves_the_earlier_data(tmp_path, corpus, overrid
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no half-written directory
 
 
+@pytest.mark.slow  # a stage as its own process
 def test_missing_file_fails_the_fetch_stage_with_one_line(tmp_path, corpus):
     (corpus / "val.en.gz").unlink()
     params = tmp_path / "params.yaml"
@@ -179,6 +180,7 @@ def test_a_download_is_checked_against_the_published_sums(tmp_path, corpus, monk
     assert not (tmp_path / "checked").exists() and not list(tmp_path.glob(".checked*"))
 
 
+@pytest.mark.slow  # a stage as its own process
 def test_offline_the_fetch_stage_says_what_to_do_in_one_line(tmp_path):
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump(tiny_params("http://127.0.0.1:9/multi30k")))  # a closed port
@@ -230,6 +232,7 @@ def test_a_hub_shaped_folder_goes_through_datasets(tmp_path, monkeypatch):
     assert not (tmp_path / "other").exists()
 
 
+@pytest.mark.slow  # a stage as its own process
 def test_an_unreachable_hub_data_set_is_one_line_naming_it(tmp_path):
     line = offline_fetch_line("multi30k", tiny_params("someone/multi30k@0123abc"), tmp_path)
     assert line.startswith("fetch@multi30k: error: multi30k.fetch.source: could not load 'someone/multi30k@0123abc' "
@@ -302,6 +305,7 @@ def build(tmp_path, params, name="run"):
     return paths
 
 
+@pytest.mark.slow  # two whole pipelines
 @pytest.mark.parametrize("joint", [True, False])
 def test_trains_evaluates_and_ties_embeddings(tmp_path, corpus, joint):
     params = tiny_params(corpus, joint=joint)

@@ -11,6 +11,7 @@ from tests.conftest import DVC, ROOT, TINY_PARAMS, code_not_in_deps, dvc_repo, s
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 
 
+@pytest.mark.slow
 def test_dvc_repro_end_to_end(tmp_path):
     repo, env, loaded = dvc_repo(tmp_path, TINY_PARAMS)
     first = sh(DVC, "repro", cwd=repo, env=env)

@@ -63,6 +63,7 @@ def trainer(built, out: Path, params: Path) -> subprocess.Popen:
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
+@pytest.mark.slow
 def test_a_second_trainer_on_the_same_paths_stops_at_once(tmp_path, built, tiny_params):
     """An orphaned trainer and the one a fresh `dvc repro` started wrote the same curves, interleaved. The
     second now stops at once, naming the first; the first's curves are a lone run's."""
@@ -112,6 +113,7 @@ def test_a_lock_left_by_a_killed_trainer_never_blocks(tmp_path):
     assert not (tmp_path / "models").exists()  # a run leaves no lock file, nor the directory made for it
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_a_trainer_stops_when_its_parent_dies():
     """SIGTERM to `dvc repro` alone left the train stage running, its parent gone."""
@@ -238,6 +240,7 @@ def test_a_source_too_short_to_cut_fails_at_prepare(tmp_path, text):
     assert not (tmp_path / "data").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_a_trainer_whose_parent_dies_saves_a_checkpoint_and_a_re_run_ends_as_a_lone_run(tmp_path, built,
                                                                                           tiny_params):

@@ -58,6 +58,7 @@ def picked_weights(page) -> list[int]:
             .evaluate_all("cells => cells.map(cell => cell.dataset.weight)")]
 
 
+@pytest.mark.slow  # a real browser
 def test_the_report_page_works_offline_and_a_clicked_token_shows_its_row(browser, built):
     report_dir = built["report"].parent
     visit = Visit(browser, report_dir / "report.html")
@@ -103,6 +104,7 @@ HOSTILE = {"source": "<script>window.pwned = 1</script> 3 | 4",
                      "\\ _8_"}
 
 
+@pytest.mark.slow  # a real browser
 def test_text_from_the_data_and_the_model_stays_text(browser, built, tmp_path):
     """report.html built from that sample shows each string as written, each in its own cell (source, reference,
     greedy), and runs no script; the report's own words about <eos> and <bos> show them too."""
@@ -129,6 +131,7 @@ def test_text_from_the_data_and_the_model_stays_text(browser, built, tmp_path):
     page.close()
 
 
+@pytest.mark.slow  # a real browser
 def test_the_index_frames_each_tasks_card(browser, built, tmp_path):
     reports = built["report"].parents[1]
     params = tmp_path / "params.yaml"

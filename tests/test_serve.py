@@ -118,6 +118,7 @@ def test_warnings_name_the_requests_own_fields(client):
     assert not any("sentences" in note or "n_best" in note for note in alone + listed)
 
 
+@pytest.mark.slow
 def test_the_serve_command_runs_a_production_server(models, built):
     """python -m lib.use.serve: waitress, not Flask's development server and its warning."""
     with socket.socket() as probe:
@@ -192,6 +193,7 @@ def live(models, built):
     server.shutdown()
 
 
+@pytest.mark.slow
 def test_the_page_translates_what_is_typed_and_shows_its_attention(browser, live, models):
     visit = Visit(browser, live + "/")
     page = visit.page
@@ -216,6 +218,7 @@ def test_the_page_translates_what_is_typed_and_shows_its_attention(browser, live
     page.close()
 
 
+@pytest.mark.slow
 def test_eight_clients_two_hundred_requests_no_error(live):
     """The load benchmark's own loop, bounded: it stops by itself; its figures go to docs/results.md, not here."""
     for body in ({"text": "1 2 3 4 5"}, {"text": "1 2 3 4 5", "beam_size": 5}):

@@ -373,6 +373,7 @@ def test_report_links_only_existing_pngs(built):
         assert width > 100 and height > 100
 
 
+@pytest.mark.slow  # the report drawn four times
 def test_a_report_is_drawn_whole_or_leaves_the_last_one_as_it_was(tmp_path, built, tiny_params, monkeypatch):
     """The figures go into place all at once, with report.md, after the last is drawn: a failure half way
     (or writing report.md) leaves the last report and every figure it links, and a report with fewer
@@ -651,6 +652,7 @@ def test_accumulating_two_batches_is_one_step_on_both(tmp_path, built, tiny_para
                                    rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow  # torch.compile
 def test_compiled_training_trains_the_same_model(tmp_path, built, tiny_params, monkeypatch):
     """train.compile: the same weights as eager training, through compiled graphs without a break.
     Dropout off: compiled, a CPU draws torch's dropout masks rather than ours. The aot_eager
@@ -690,6 +692,7 @@ def test_changed_params_start_afresh(tmp_path, built, tiny_params):
     assert not summary["resumed"]
 
 
+@pytest.mark.slow  # a trainer killed, its own process
 def test_killed_training_resumes_bit_identical(tmp_path, built, tiny_params):
     """kill -9 the train stage part-way; the re-run resumes and ends where a straight run ends. Two
     batches a step (train.accumulate), so that the checkpoint falls between steps within an epoch."""
@@ -748,6 +751,7 @@ def last_line(stderr: str) -> str:
     return re.split(r"[\r\n]", stderr[:-1])[-1]
 
 
+@pytest.mark.slow  # a trainer signalled, its own process
 @pytest.mark.parametrize("sent, status, said", [(signal.SIGINT, 130, "interrupted"),
                                                (signal.SIGTERM, 143, "terminated (SIGTERM)")])
 def test_ctrl_c_or_sigterm_is_one_line_and_keeps_the_checkpoint(tmp_path, built, tiny_params, sent, status,
@@ -1420,6 +1424,7 @@ def test_the_readmes_python_example_runs(built, capsys):
     assert printed and all(token.isdigit() for token in printed)  # the tiny model's sums, right or not
 
 
+@pytest.mark.slow  # the command, its own process
 def test_the_readmes_generate_command_runs(built):
     """README, "Try a trained model": its `lib.use.generate` line, run as the shell runs it, on the tiny model."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -1561,6 +1566,7 @@ def test_a_translator_names_an_argument_of_the_wrong_type_before_any_work(built,
         translator.n_best("1 2", k=0)
 
 
+@pytest.mark.slow  # generate at a terminal
 @pytest.mark.parametrize("options", [[], ["--beam-size", "2", "--n-best", "2"]])
 def test_generate_translates_each_line_typed_at_a_terminal_as_it_is_entered(built, tmp_path, capsys, monkeypatch,
                                                                             options):
@@ -1682,6 +1688,7 @@ def test_the_tour_runs_as_written():
     assert result.attempted > 60 and result.failed == 0
 
 
+@pytest.mark.slow  # a stage at a terminal, its own process
 def test_progress_bars_at_a_terminal_plain_epoch_lines_in_a_log(tmp_path, built, tiny_params):
     """tqdm drew carriage-return frames into `dvc repro > log` too: a fresh clone's log held 348 kB of them."""
     import fcntl

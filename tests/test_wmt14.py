@@ -97,6 +97,7 @@ def test_a_hub_revision_with_other_row_counts_is_named():
         wmt14.check_rows("wmt/wmt14@abc", {"train": 4_508_700, "validation": 3_000})
 
 
+@pytest.mark.slow  # a stage as its own process
 def test_an_unreachable_source_says_how_to_work_offline(tmp_path):
     """Offline (HF_HUB_OFFLINE, as without internet): one line naming the source and the way to a local copy."""
     line = offline_fetch_line("wmt14", {**TINY_PARAMS, "tasks": ["wmt14"], "wmt14": {
@@ -117,6 +118,7 @@ def shipped_with_a_tiny_model(source) -> dict:
                 **train["model"], "d_model": 32, "n_heads": 2, "encoder_layers": 1, "decoder_layers": 1, "d_ff": 64}}}
 
 
+@pytest.mark.slow
 def test_dvc_exp_run_takes_crawled_lines_through_every_stage_with_the_shipped_params(tmp_path):
     """`dvc exp run -S 'tasks=[wmt14]'` in a temporary repo, the source a local folder in the hub's layout with
     crawled lines: training skips and counts those over model.max_len, every test sentence is scored (the long
