@@ -1,0 +1,93 @@
+"""Export a trained task's model as a folder to take away, laid out as a Hugging Face model repository holds
+one, so that `huggingface-cli upload <repo> exports/<task>` publishes it as it is:
+
+    python -m lib.use.export --task cumsum                  # models/cumsum -> exports/cumsum
+    python -m lib.use.export --task multi30k --out /tmp/multi30k-model
+
+It writes ``model.safetensors`` (the weights alone, no pickle), ``config.json`` (the model config, the
+vocabulary sizes and special ids, what model.pt records of its training), the tokenizer's files under
+``tokenizer/``, ``generation.json`` (the decoding settings the evaluate stage used), and ``README.md``, a model
+card: the task, its data, the training, the metrics with their sacreBLEU signatures, the intended use and the
+limits. ``lib.use.inference.load(folder)`` loads it without a torch pickle and decodes as model.pt does.
+"""
+
+import argparse
+import json
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+
+from lib.core.config import flatten
+from lib.core.files import atomic_dir
+from lib.data.tokenizer import special_ids
+from lib.evaluate.options import GENERATION_FILE
+from lib.model import checkpoint, exported
+from lib.report.captions import architecture, model_line
+from lib.tasks import get_task, task_names
+from transformer.model import parameter_counts
+
+TOKENIZER_FILES = ("tokenizer.json", "source.json", "target.json")  # not the token store's ids beside them
+
+
+def export(task: str, models: Path, metrics: Path | None, out: Path):
+    """``models`` (model.pt, tokenizer/, generation.json) as the folder ``out``, written whole or not at all."""
+    model, tokenizers, state = checkpoint.load_directory(models, task=task)
+    scores = json.loads(metrics.read_text()) if metrics and metrics.is_file() else {}
+    with atomic_dir(out) as folder:
+        exported.write(model, state, asdict(special_ids(tokenizers)), folder)
+        (folder / "tokenizer").mkdir()
+        for name in TOKENIZER_FILES:
+            if (models / "tokenizer" / name).is_file():
+                shutil.copyfile(models / "tokenizer" / name, folder / "tokenizer" / name)
+        if (models / GENERATION_FILE).is_file():
+            shutil.copyfile(models / GENERATION_FILE, folder / GENERATION_FILE)
+        (folder / "README.md").write_text(card(task, model, state, scores))
+
+
+def card(task: str, model, state: dict, metrics: dict) -> str:
+    """README.md: the model card, with the Hugging Face hub's metadata block first."""
+    chosen = get_task(task)
+    kind = "text-generation" if chosen.kind == "lm" else "translation"
+    flat = {key: value for key, value in flatten(metrics).items() if not key.endswith("by_length")}
+    scores = [f"| {key} | {value:.4f} |" if isinstance(value, float) else f"| {key} | {value} |"
+              for key, value in flat.items() if not key.endswith("signature")]
+    signatures = [f"- {key}: `{value}`" for key, value in flat.items() if key.endswith("signature")]
+    return "\n".join([
+        "---", "license: mit", f"pipeline_tag: {kind}", "tags: [transformer, from-scratch, pytorch]", "---", "",
+        f"# {task}: {chosen.description}", "",
+        f"A Transformer (Vaswani et al., 2017) written by hand in PyTorch and trained by this toolkit's DVC "
+        f"pipeline. {architecture(model.cfg, state)} {parameter_counts(model)['total']:,} parameters.", "",
+        "## Training", "", model_line(state), "",
+        "The data, the params and the recipe are those of the task's section of the toolkit's `params.yaml` "
+        f"and `docs/tasks.md` (`{task}`).", "",
+        "## Metrics", "", "On the task's test split, as the evaluate stage measured them:", "",
+        "| metric | value |", "|---|---|", *(scores or ["| (no metrics.json given) | |"]), "", *signatures, "",
+        "## Use", "", "```", "from lib.use import inference  # the toolkit's code, on the path",
+        'model = inference.load("path/to/this/folder")  # model.safetensors, config.json, tokenizer/',
+        "```", "",
+        "`generation.json` holds the decoding settings the metrics were measured with, the loader's defaults.", "",
+        "## Intended use and limits", "",
+        "For learning and experiments: a model of this size, trained on this task's data alone, is no "
+        "production system. It reads only what its tokenizer knows (other words become `<unk>`) and at most "
+        f"{model.cfg.max_len} tokens a sequence; its outputs are unchecked and may be wrong or biased as its "
+        "training data is.", ""])
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m lib.use.export", description=__doc__.splitlines()[0])
+    parser.add_argument("--task", required=True, choices=task_names())
+    parser.add_argument("--models", help="model.pt and tokenizer/ (default: models/<task>)")
+    parser.add_argument("--metrics", help="its metrics.json, for the card (default: reports/<task>/metrics.json)")
+    parser.add_argument("--out", help="the folder to write (default: exports/<task>)")
+    args = parser.parse_args(argv)
+    try:
+        export(args.task, Path(args.models or f"models/{args.task}").expanduser(),
+               Path(args.metrics or f"reports/{args.task}/metrics.json").expanduser(),
+               Path(args.out or f"exports/{args.task}").expanduser())
+    except (ValueError, FileNotFoundError) as err:
+        parser.exit(2, f"export: error: {err}\n")
+    print(f"exported {args.task} to {args.out or f'exports/{args.task}'}")
+
+
+if __name__ == "__main__":
+    main()
