@@ -153,12 +153,12 @@ fi
 # The paper's base recipe (params.yaml's wmt14: d_model 512, 6 + 6 layers, d_ff 2048, dropout 0.1, a
 # 37,000-token vocabulary), ours alone, on random ids of WMT14-like lengths batched as wmt14's are (about
 # 25,000 real tokens a side a step): its rate, MFU and peak memory, and the hours its 100,000 steps would
-# take. A CPU's run is a smoke test: a small batch.
-base_tokens=25000
-[ "$DEVICE" = cpu ] && base_tokens=256
+# take. A CPU's run is a smoke test: a small batch and vocabulary.
+base_tokens=25000 base_vocab=37000
+[ "$DEVICE" = cpu ] && base_tokens=256 base_vocab=1000
 PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" tools/train_throughput.py --device "$DEVICE" \
   --precision bf16 --d-model 512 --d-ff 2048 --heads 8 --layers 6 --dropout 0.1 --activation-dropout 0 \
-  --steps $steps --rounds $rounds --models ours --max-tokens $base_tokens --synthetic-vocab 37000 \
+  --steps $steps --rounds $rounds --models ours --max-tokens $base_tokens --synthetic-vocab $base_vocab \
   | tee "$WORK/base.jsonl"
 
 # The progress bar goes to train.log with the rest; the log's own lines are shown.
