@@ -1,6 +1,6 @@
-"""The layers of .importlinter hold: each folder imports only from the folders below it, so no import cycle
-can form, the model package imports nothing of the pipeline, and training imports nothing of what evaluates,
-reports or serves."""
+"""The layers of pyproject.toml's [tool.importlinter] hold: each folder imports only from the folders below it,
+so no import cycle can form, the model package imports nothing of the pipeline, and training imports nothing
+of what evaluates, reports or serves."""
 
 import ast
 import os
@@ -28,7 +28,7 @@ def test_a_planted_cycle_or_an_upward_import_breaks_the_contract(tmp_path):
     """The contract is over folders: data importing train, train importing the evaluate stage's searches, the model
     package importing the pipeline, greedy search importing beam search, and a tool importing a study each
     break it."""
-    for part in ("benchmarks", "tools", "lib", "stages", "transformer", ".importlinter"):
+    for part in ("benchmarks", "tools", "lib", "stages", "transformer", "pyproject.toml"):
         copy = shutil.copytree if (ROOT / part).is_dir() else shutil.copy
         copy(ROOT / part, tmp_path / part)
     planted = {"lib/data/pairs.py": "from lib.train import training",  # training imports the data
