@@ -63,3 +63,12 @@ def score_outputs(model, sources: list[list[int]], outputs: list[list[int]], ids
             produced = log_probs[row, :len(outputs[i]) + eos[i]]  # the tokens produced, eos included
             scored[i] = Hypothesis.of(outputs[i], produced.sum().item(), eos[i], alpha, tuple(produced.tolist()))
     return [scored[i] for i in range(len(outputs))]
+
+
+def cut_to_fit(pairs: Pairs, max_len: int) -> tuple[Pairs, int]:
+    """Pairs whose source is cut to ``max_len`` tokens and target to ``max_len`` - 1 (its bos or eos takes the
+    last position), and how many pairs were cut: a long test sentence is decoded and scored all the same."""
+    cut = sum(width > max_len for width in pairs.widths())
+    if not cut:
+        return pairs, 0
+    return Pairs([list(s[:max_len]) for s in pairs.src], [list(t[:max_len - 1]) for t in pairs.tgt]), cut

@@ -27,11 +27,11 @@ from transformer.greedy import Hypothesis, check_alpha
 from transformer.sampling import sampled
 from lib.evaluate.options import write_defaults
 from lib.evaluate.sentence_scores import SENTENCE_SCORES
-from lib.evaluate.decode import score_outputs, translate_n_best
+from lib.evaluate.decode import cut_to_fit, score_outputs, translate_n_best
 from lib.model.translate import greedy_translate
 from lib.model.metrics import perplexity
 from lib.model.losses import mean_loss
-from lib.model.lengths import check_evaluated_lengths, cut_to_fit, fit_lengths
+from lib.model.lengths import check_evaluated_lengths, fit_lengths
 from lib.core.distributed import device_named
 from lib.evaluate.by_length import extra_split_metrics, score_by_source_length
 from lib.tasks import get_task

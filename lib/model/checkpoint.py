@@ -11,7 +11,6 @@ from pathlib import Path
 import torch
 
 from lib.core.config import ModelConfig, from_dict
-from lib.model import exported
 from lib.core.files import named, atomic_path, check_readable
 from lib.data.tokenizer import load_tokenizers
 from transformer.model import build_model
@@ -89,7 +88,6 @@ def load_model(path: str | Path, device="cpu", fast: bool = True):
 
 def load_trained(model_path: str | Path, tokenizer_dir: str | Path, device="cpu", task: str | None = None):
     """A trained model and the tokenizers it was trained with: (model in eval mode, tokenizers, the file's dict).
-    ``model_path``: model.pt, or an exported folder (lib.model.exported).
 
     The two are written by different stages. A model file and a tokenizer directory from different runs
     would silently read the wrong tokens, or index the embeddings out of range, so their vocabulary sizes
@@ -98,8 +96,13 @@ def load_trained(model_path: str | Path, tokenizer_dir: str | Path, device="cpu"
     written before the task was recorded says nothing of it, and is taken.
     """
     tokenizers = load_tokenizers(tokenizer_dir)
-    model, state = (exported.read(Path(model_path), device) if Path(model_path).is_dir() else
-                    load_model(model_path, device))
+    model, state = load_model(model_path, device)
+    check_pair(model_path, state, tokenizer_dir, tokenizers, task)
+    return model, tokenizers, state
+
+
+def check_pair(model_path, state: dict, tokenizer_dir, tokenizers, task: str | None):
+    """``load_trained``'s checks of a model's dict against the tokenizers and the task asked for."""
     if task is not None and state.get("task", task) != task:
         raise ValueError(f"{model_path} was trained for the {state['task']} task, not {task}: name the task it was "
                          f"trained for, or a model of {task}")
@@ -108,19 +111,15 @@ def load_trained(model_path: str | Path, tokenizer_dir: str | Path, device="cpu"
         raise ValueError(f"{model_path} was trained with vocabularies of {state['src_vocab_size']} (source) and "
                          f"{state['tgt_vocab_size']} (target) tokens, but {tokenizer_dir} has {theirs[0]} and "
                          f"{theirs[1]}: they come from different runs (re-run the train stage)")
-    return model, tokenizers, state
 
 
 def load_directory(directory: str | Path, device="cpu", option: str = "", task: str | None = None):
-    """``load_trained`` from a models directory laid out as the pipeline writes it (model.pt, tokenizer/), or
-    as lib.use.export writes one (model.safetensors, config.json, tokenizer/),
+    """``load_trained`` from a models directory laid out as the pipeline writes it (model.pt, tokenizer/),
     which is named first (after ``option``, if one gave it) when it is not there, a task never built, or is
     a file, or when it holds neither (its checkpoints/, say: which stage to run would be the wrong advice).
     A leading ``~`` is the home directory."""
     directory = Path(directory).expanduser()
     check_readable(directory, directory=True, option=option, writer="train")
-    if exported.is_exported(directory):  # a folder lib.use.export wrote: no torch pickle is read
-        return load_trained(directory, directory / "tokenizer", device, task)
     if not (directory / "model.pt").exists() and not (directory / "tokenizer").exists():
         raise FileNotFoundError(f"{named(directory, option)}: holds neither model.pt nor tokenizer/: not a models "
                                 "directory as the pipeline writes it (models/<task>, holding both)")

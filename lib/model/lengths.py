@@ -43,15 +43,6 @@ def check_evaluated_lengths(task: str, splits: dict[str, Pairs], max_len: int):
                               + " (train.too_long: skip drops training pairs only)")
 
 
-def cut_to_fit(pairs: Pairs, max_len: int) -> tuple[Pairs, int]:
-    """Pairs whose source is cut to ``max_len`` tokens and target to ``max_len`` - 1 (its bos or eos takes the
-    last position), and how many pairs were cut: a long test sentence is decoded and scored all the same."""
-    cut = sum(width > max_len for width in pairs.widths())
-    if not cut:
-        return pairs, 0
-    return Pairs([list(s[:max_len]) for s in pairs.src], [list(t[:max_len - 1]) for t in pairs.tgt]), cut
-
-
 def check_budget(pairs: Pairs, max_tokens: int):
     """Warn when pairs are wider than the token budget: each of them is a batch of its own (token_budget_batches),
     one sentence a batch, and a budget meant in sentences (max_tokens: 8) makes every batch that."""

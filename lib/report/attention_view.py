@@ -13,7 +13,7 @@ import torch
 from lib.data.pairs import collate
 from lib.report.attention_maps import attention_maps, token_strings, visible
 from lib.data.tokenizer import encode_pairs, encode_text, special_ids
-from lib.model.lengths import cut_to_fit
+from lib.evaluate.decode import cut_to_fit
 
 VIEW_EXAMPLES = 32  # at most: the first test examples and the worst, alternately
 VIEW_BYTES = 2_000_000  # the JSON's cap: examples are added while it stays under (docs/report.md)

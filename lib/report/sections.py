@@ -18,7 +18,7 @@ from lib.report.length_study import accuracy_by_value, breaking_length
 from lib.report.pages import code_block, literal, literal_frame
 from lib.tasks.base import Task
 from lib.data.tokenizer import encode_pairs, encode_text, special_ids
-from lib.model.lengths import cut_to_fit
+from lib.evaluate.decode import cut_to_fit
 
 def breaking_section(chosen: Task, model, tokenizers, by_length: dict, samples: pd.DataFrame, trained: tuple[int, int],
                      figures_dir: Path, rel: Path) -> list[str]:

@@ -21,7 +21,8 @@ from lib.core.config import flatten
 from lib.core.files import atomic_dir
 from lib.data.tokenizer import special_ids
 from lib.evaluate.options import GENERATION_FILE
-from lib.model import checkpoint, exported
+from lib.model import checkpoint
+from lib.use import exported
 from lib.report.captions import architecture, model_line
 from lib.tasks import get_task, task_names
 from transformer.model import parameter_counts
@@ -31,7 +32,7 @@ TOKENIZER_FILES = ("tokenizer.json", "source.json", "target.json")  # not the to
 
 def export(task: str, models: Path, metrics: Path | None, out: Path):
     """``models`` (model.pt, tokenizer/, generation.json) as the folder ``out``, written whole or not at all."""
-    model, tokenizers, state = checkpoint.load_directory(models, task=task)
+    model, tokenizers, state = checkpoint.load_directory(models, task=task)  # model.pt, as training wrote it
     scores = json.loads(metrics.read_text()) if metrics and metrics.is_file() else {}
     with atomic_dir(out) as folder:
         exported.write(model, state, asdict(special_ids(tokenizers)), folder)

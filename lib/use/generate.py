@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from lib.model import checkpoint
+from lib.use import exported
 from lib.core import files
 from lib.use.attention_figures import (draw_lm_attention, draw_translation_attention,
                                    write_figures)
@@ -241,7 +241,7 @@ def main(argv=None):
         for option, path in (("--input", args.input), ("--score", args.score)):
             if path and path != "-":
                 files.check_readable(path, option=option)
-        model, tokenizers, state = checkpoint.load_directory(directory, device_named(args.device, "--device"),
+        model, tokenizers, state = exported.load_directory(directory, device_named(args.device, "--device"),
                                                              "--models" if args.models else "", args.task)
         if state["kind"] != kind:  # a model file from before the task was recorded
             raise ValueError(f"{directory / 'model.pt'} holds a model of kind {state['kind']!r}, but {args.task} "

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from lib.model import checkpoint
+from lib.use import exported
 from lib.data.pairs import Pairs, collate
 from transformer.sampling import sampled
 from lib.core.distributed import device_named
@@ -222,7 +222,7 @@ def load(directory: str | Path, device: str | torch.device = "cpu", task: str | 
     Translator for a seq2seq model, a LanguageModel for an LM, in eval mode on ``device`` ("auto": a GPU
     where there is one); with ``task``, one trained for it. A leading ``~`` in ``directory`` is the home
     directory. ``.state``: what model.pt records beside the weights (its config, step, validation loss)."""
-    model, tokenizers, state = checkpoint.load_directory(directory, device_named(device), task=task)
+    model, tokenizers, state = exported.load_directory(directory, device_named(device), task=task)
     loaded = _loaded(model, tokenizers, state, model_defaults(directory))
     loaded.state = {key: value for key, value in state.items() if key != "model"}
     return loaded

@@ -1,8 +1,8 @@
 """A trained model as a folder to take away, laid out as a Hugging Face model repository holds one:
 ``model.safetensors`` (the weights alone: no pickle, no code runs to read them) and ``config.json`` (the
 model config, the vocabulary sizes, the special ids, and what model.pt records of its training), beside
-the tokenizer's files (lib.use.export writes them, and the model card). The toolkit's loader reads it as it
-reads model.pt: ``lib.model.checkpoint.load_directory``.
+the tokenizer's files (lib.use.export writes them, and the model card). ``load_directory`` reads such a
+folder, or a models directory as the pipeline writes it; inference, generate and serve load through it.
 """
 
 import json
@@ -12,6 +12,8 @@ import torch
 from safetensors.torch import load_model, save_model
 
 from lib.core.config import ModelConfig, from_dict
+from lib.data.tokenizer import load_tokenizers
+from lib.model import checkpoint
 from transformer.model import build_model
 
 WEIGHTS, CONFIG = "model.safetensors", "config.json"
@@ -44,3 +46,15 @@ def read(directory: Path, device="cpu", fast: bool = True) -> tuple[torch.nn.Mod
         raise ValueError(f"{directory / WEIGHTS}: weights that do not fit {CONFIG} ({type(err).__name__}: "
                          f"{str(err).splitlines()[0][:200]}); export it again") from None
     return model.to(device).eval(), state
+
+
+def load_directory(directory: str | Path, device="cpu", option: str = "", task: str | None = None):
+    """``checkpoint.load_directory``, or an exported folder's model (no torch pickle read), with the same
+    checks against its tokenizers and ``task``: (model in eval mode, tokenizers, its dict)."""
+    directory = Path(directory).expanduser()
+    if not is_exported(directory):
+        return checkpoint.load_directory(directory, device, option, task)
+    model, state = read(directory, device)
+    tokenizers = load_tokenizers(directory / "tokenizer")
+    checkpoint.check_pair(directory, state, directory / "tokenizer", tokenizers, task)
+    return model, tokenizers, state
