@@ -16,12 +16,12 @@ repro: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check --quiet .
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q -n auto
 
 # The edit-test loop: the unit tests, without those marked slow (pyproject.toml's markers)
 test-quick: $(STAMP)
 	$(BIN)/ruff check --quiet .
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q -m "not slow"
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q -n auto -m "not slow"
 
 clean-venv:
 	rm -rf $(VENV)

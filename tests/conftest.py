@@ -13,7 +13,13 @@ import threading
 from pathlib import Path
 
 import pytest
-import torch
+
+# Under pytest-xdist (make test's -n auto) each worker takes one core: one torch thread, here and in the
+# processes tests start, where two threads each would fight over the same cores.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+
+import torch  # noqa: E402 - after the thread count is set for torch to read
 import torch.fx.experimental._config
 import yaml
 
