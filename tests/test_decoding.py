@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from transformer.greedy import Decoder, Hypothesis, greedy_search, length_penalty
+from transformer import beam
 from transformer.beam import beam_search
 from transformer.sampling import sample, top_k_filter, top_p_filter
 from lib.evaluate.decode import score_outputs, translate_n_best
@@ -82,12 +83,15 @@ def test_cached_greedy_equals_uncached_greedy():
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_beam_of_one_is_greedy(seed):
+def test_beam_of_one_is_greedy_without_a_length_penalty_and_never_worse_with_one(seed):
+    """One live hypothesis and one finished: greedy's output always ends among the candidates, so the beam's best
+    scores at least as well; without a penalty nothing live can then beat it, so it is greedy's."""
     model, src = seq2seq(seed=seed), sources(B=8, seed=seed)
     limit = (src != IDS.pad).sum(1) + 3
-    greedy = greedy_decode(model, src, IDS, limit)
-    beams = beam_search(model, src, IDS, limit, beam_size=1)
-    assert [b[0].tokens for b in beams] == greedy
+    greedy = greedy_search(model, src, IDS, limit, alpha=0.6)
+    assert [b[0].tokens for b in beam_search(model, src, IDS, limit, beam_size=1)] == [g.tokens for g in greedy]
+    for [best], g in zip(beam_search(model, src, IDS, limit, beam_size=1, alpha=0.6), greedy):
+        assert best.score >= g.score - 1e-5
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
@@ -112,12 +116,12 @@ def test_n_best_of_one_beam_runs_greedy_and_scores_it_as_beam_search_would(alpha
     model, src = seq2seq(seed=4), sources(B=12, seed=4)
     sources_ = unpadded(src)
     limit = torch.tensor([len(s) + 1 for s in sources_])  # one extra token: some outputs are cut before their eos
-    beams = beam_search(model, src, IDS, limit, beam_size=1, alpha=alpha)
     greedy = translate_n_best(model, sources_, IDS, 4096, 1, beam_size=1, alpha=alpha)
+    assert [[h.tokens] for h in greedy_search(model, src, IDS, limit)] == [[h.tokens for h in g] for g in greedy]
     assert {h[0].eos for h in greedy} == {True, False}
-    for [b], [g] in zip(beams, greedy):
-        assert (g.tokens, g.eos) == (b.tokens, b.eos)
-        assert (g.score, g.log_prob) == pytest.approx((b.score, b.log_prob), abs=1e-4)
+    scored = score_outputs(model, sources_, [g.tokens for [g] in greedy], IDS, 4096, alpha, [g.eos for [g] in greedy])
+    for [g], expected in zip(greedy, scored):
+        assert (g.score, g.log_prob) == pytest.approx((expected.score, expected.log_prob), abs=1e-4)
 
 
 def test_scores_in_a_batch_equal_scores_alone():
@@ -142,6 +146,41 @@ def test_beam_never_scores_below_greedy(alpha):
         assert best[0].score >= greedy_score - 1e-5
         better += best[0].score > greedy_score + 1e-5
     assert better > 0  # the search found something greedy missed
+
+
+@pytest.mark.parametrize("alpha", [0.0, 1.0])
+def test_stopping_a_sentence_once_nothing_live_can_beat_its_finished_ones_changes_no_result(alpha, monkeypatch):
+    """The same n-best lists as searching every sentence to its limit, with fewer rows stepped."""
+    model, src = seq2seq(seed=5), sources(B=12, seed=5)
+    with torch.no_grad():  # eos likelier, so that hypotheses finish well before their limits
+        model.generator.bias[IDS.eos] += 6.0
+    limit = (src != IDS.pad).sum(1) + 6
+    steps = []
+    logits = Decoder.logits
+    monkeypatch.setattr(Decoder, "logits", lambda self, out: steps.append(len(out)) or logits(self, out))
+    early = beam_search(model, src, IDS, limit, beam_size=4, alpha=alpha, n_best=2)
+    early_rows, steps[:] = sum(steps), []
+    never = lambda log_prob, *_: log_prob.masked_fill(log_prob > float("-inf"), float("inf"))  # noqa: E731 - short
+    monkeypatch.setattr(beam, "best_reachable", never)
+    to_the_limit = beam_search(model, src, IDS, limit, beam_size=4, alpha=alpha, n_best=2)
+    assert [[(h.tokens, h.eos) for h in hs] for hs in early] == [[(h.tokens, h.eos) for h in hs] for hs in to_the_limit]
+    assert early_rows < sum(steps) and len(steps) == int(limit.max())
+
+
+def test_sentences_leave_the_batch_as_they_finish_and_find_what_they_find_alone():
+    model, src = seq2seq(seed=6), sources(B=8, seed=6)
+    limit = (src != IDS.pad).sum(1) + 4
+    rows = []
+    logits = Decoder.logits
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Decoder, "logits", lambda self, out: rows.append(len(out)) or logits(self, out))
+        together = beam_search(model, src, IDS, limit, beam_size=3, alpha=0.6, n_best=3)
+    assert rows[0] == 8 * 3 and rows[-1] < rows[0] and rows == sorted(rows, reverse=True)
+    assert all(r % 3 == 0 for r in rows)  # a sentence leaves with all its beams
+    for b in range(8):
+        [alone] = beam_search(model, src[b:b + 1], IDS, limit[b:b + 1], beam_size=3, alpha=0.6, n_best=3)
+        assert [h.tokens for h in alone] == [h.tokens for h in together[b]]
+        assert [h.score for h in alone] == pytest.approx([h.score for h in together[b]], abs=1e-5)
 
 
 def test_cached_and_uncached_beams_agree():

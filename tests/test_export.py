@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from lib.data.pairs import read_split
-from lib.use import export, inference
+from lib.data.tokenizer import special_ids
+from lib.use import export, inference, to_ctranslate2
 from tests.conftest import ROOT
 from tests.test_stages import built  # noqa: F401 (the tiny cumsum pipeline, a fixture)
 
@@ -61,3 +62,57 @@ def test_a_damaged_export_or_a_missing_model_is_named(built, models, tmp_path, c
     (out / "model.safetensors").write_bytes((out / "model.safetensors").read_bytes()[:100])
     with pytest.raises(ValueError, match=r"model\.safetensors: weights that do not fit config\.json"):
         inference.load(out)
+
+
+def test_cumsum_exported_to_ctranslate2_decodes_as_ours(built, models, tmp_path, capsys):
+    """CTranslate2, on the exported weights, finds our greedy outputs for the whole test set, and gives every
+    reference token the log-probability we give it (teacher forcing), within 1e-4."""
+    import ctranslate2
+
+    from lib.data.tokenizer import encode_pairs
+    from lib.evaluate.decode import score_outputs, translate
+    from lib.model import checkpoint
+
+    out = tmp_path / "ct2"
+    export.main(["--task", "cumsum", "--models", str(models), "--out", str(out), "--format", "ctranslate2"])
+    assert capsys.readouterr().out == f"exported cumsum to {out}\n"
+    model, tokenizers, _ = checkpoint.load_directory(models)
+    ids = special_ids(tokenizers)
+    test = encode_pairs(tokenizers, read_split(built["data"], "test"))
+    ours = translate(model, test.src, ids, 4096, 4)
+    options = json.loads((out / to_ctranslate2.OPTIONS_FILE).read_text())
+    translator = ctranslate2.Translator(str(out), device="cpu", inter_threads=1, intra_threads=2)
+    source_tokens = [[tokenizers.source.id_to_token(i) for i in s] for s in test.src]
+    theirs = to_ctranslate2.translate(translator, source_tokens, options)
+    assert [[tokenizers.target.token_to_id(t) for t in tokens] for tokens in theirs] == ours
+    reference = score_outputs(model, test.src, test.tgt, ids, 4096)
+    scored = translator.score_batch(source_tokens, [[tokenizers.target.id_to_token(i) for i in t] for t in test.tgt])
+    difference = max(abs(a - b) for h, s in zip(reference, scored) for a, b in zip(h.token_log_probs, s.log_probs))
+    assert [len(s.log_probs) for s in scored] == [len(h.token_log_probs) for h in reference]  # the eos's too
+    assert difference < 1e-4
+
+
+@pytest.mark.parametrize("override, said", [
+    ({"positional": "rope"}, "model.positional rope"), ({"n_kv_heads": 1, "n_heads": 2}, "model.n_kv_heads 1"),
+    ({"norm": "rmsnorm"}, "model.norm rmsnorm"), ({"activation": "swiglu"}, "model.activation swiglu")])
+def test_what_ctranslate2_cannot_express_is_refused_by_name(override, said):
+    from tests.conftest import model_config
+
+    assert any(said in reason for reason in to_ctranslate2.unsupported("seq2seq", model_config(**override), 0.0))
+    assert any("evaluate.alpha 0.6" in r and "--alpha 0" in r
+               for r in to_ctranslate2.unsupported("seq2seq", model_config(), 0.6))
+    assert to_ctranslate2.unsupported("seq2seq", model_config(), 0.0) == []
+
+
+def test_an_alpha_ctranslate2_cannot_express_stops_the_export_before_writing(models, tmp_path, capsys):
+    (models / "generation.json").write_text(json.dumps({"beam_size": 4, "alpha": 0.6, "max_extra_tokens": 4}))
+    with pytest.raises(SystemExit) as stop:
+        export.main(["--task", "cumsum", "--models", str(models), "--out", str(tmp_path / "ct2"),
+                     "--format", "ctranslate2"])
+    said = capsys.readouterr().err
+    assert stop.value.code == 2 and "evaluate.alpha 0.6: CTranslate2 has no GNMT length penalty" in said
+    assert not (tmp_path / "ct2").exists()
+    export.main(["--task", "cumsum", "--models", str(models), "--out", str(tmp_path / "ct2"), "--format",
+                 "ctranslate2", "--alpha", "0"])
+    options = json.loads((tmp_path / "ct2" / to_ctranslate2.OPTIONS_FILE).read_text())
+    assert options["translate_batch"]["beam_size"] == 4 and options["translate_batch"]["length_penalty"] == 0.0

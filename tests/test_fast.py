@@ -14,6 +14,9 @@ from transformer.fast.attention import FastMultiHeadAttention, fused_attention, 
 from transformer.fast.dropout import ByteDropout
 from transformer.fast.loss import generator_nll
 from transformer.attention import MultiHeadAttention, attention
+from transformer.beam import beam_search
+from transformer.config import SpecialIds
+from transformer.greedy import greedy_search
 from transformer.loss import label_smoothed_nll
 from transformer.masks import causal_mask, padding_mask, target_mask
 from transformer.positions import alibi_bias, alibi_slopes
@@ -21,6 +24,7 @@ from transformer.model import build_model
 from tests.conftest import ROOT
 
 PAD = 0
+SPECIAL = SpecialIds(pad=PAD, bos=1, eos=2, unk=3)
 FP32, BF16 = 1e-5, 3e-2
 # Each task's model and a batch of its shape: (kind, vocabulary, batch, source length, target length).
 SHAPES = {"cumsum": ("seq2seq", 40, 16, 13, 14), "multi30k": ("seq2seq", 8000, 8, 24, 26),
@@ -103,12 +107,39 @@ def test_fast_multi_head_attention_is_the_reference(fused, kv_heads, positional)
             outs.append((out, weights, x.grad))
         for got, want in zip(outs[1], outs[0]):
             assert close(got, want, FP32)
-    caches = [{}, {}]
-    for step in range(3):  # incremental decoding: each module's own cache, the same outputs
-        new = x[:, step:step + 1].detach()
+    caches = [{}, {}, {"size": 5}]  # the fast one's twice: grown as the reference grows it, and set aside
+    x = x.detach()
+    for step in range(3):  # incremental decoding (as searches run it: no grad), the same outputs
+        new = x[:, step:step + 1]
         mask = causal_mask(1, start=step)
-        steps = [m(new, mask=mask, cache=c, start=step)[0] for m, c in zip((reference, fast), caches)]
-        assert close(steps[1], steps[0], FP32)
+        with torch.no_grad():
+            steps = [m(new, mask=mask, cache=c, start=step)[0] for m, c in zip((reference, fast, fast), caches)]
+        assert close(steps[1], steps[0], FP32) and close(steps[2], steps[0], FP32)
+        if step == 1:  # a search keeps rows 3, 3 and 0: the same rows of every cache, in place in the fast one's
+            rows = torch.tensor([3, 3, 0])
+            for module, cache in zip((reference, fast, fast), caches):
+                module.select_cache(cache, rows)
+            x = x[rows]
+    assert caches[2]["k"].data_ptr() == caches[2]["k_buffer"].data_ptr() and caches[2]["k_buffer"].size(2) == 5
+    assert torch.equal(caches[2]["k"], caches[1]["k"]) and torch.equal(caches[2]["v"], caches[1]["v"])
+
+
+def test_a_search_on_the_fast_model_finds_what_it_finds_on_the_reference():
+    """Greedy and beam search through the fast modules' set-aside cache, sentences leaving the batch as they
+    finish: the reference's outputs and scores."""
+    reference, fast = reference_and_fast("multi30k")
+    reference.eval(), fast.eval()
+    with torch.no_grad():  # sharper than at initialisation, so that outputs end at different steps
+        for model in (reference, fast):
+            model.generator.weight.mul_(8.0)
+    src = padded_ids(6, 9, reference.generator.out_features)
+    limit = (src != PAD).sum(1) + 3
+    for search in (lambda m: [[h] for h in greedy_search(m, src, SPECIAL, limit, alpha=0.6)],
+                   lambda m: beam_search(m, src, SPECIAL, limit, beam_size=3, alpha=0.6, n_best=3)):
+        want, got = search(reference), search(fast)
+        assert [[h.tokens for h in hs] for hs in got] == [[h.tokens for h in hs] for hs in want]
+        assert [h.score for hs in got for h in hs] == pytest.approx([h.score for hs in want for h in hs], abs=1e-5)
+        assert len({len(hs[0].tokens) for hs in want}) > 1
 
 
 def test_grouped_attention_is_eq_1_and_gives_a_query_with_no_key_zeros():

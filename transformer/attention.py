@@ -101,6 +101,19 @@ class MultiHeadAttention(nn.Module):
         """Eq. 1 in every head at once: the output and the weights (here made either way)."""
         return attention(q, k, v, mask, self.dropout, bias)
 
+    def remember(self, cache: dict, k: torch.Tensor, v: torch.Tensor, start: int):
+        """Self attention's cache: the new keys and values (B, Hkv, Tq, D), at positions from ``start``, follow
+        the cached ones. Returns all of them so far, (B, Hkv, start + Tq, D) each."""
+        if "k" in cache:
+            k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
+        cache["k"], cache["v"] = k, v
+        return k, v
+
+    def select_cache(self, cache: dict, rows: torch.Tensor):
+        """Keep rows ``rows`` (R,) of the cache, in that order: a search's surviving hypotheses."""
+        if "k" in cache:
+            cache["k"], cache["v"] = cache["k"].index_select(0, rows), cache["v"].index_select(0, rows)
+
     def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None, mask: torch.Tensor | None = None,
                 cache: dict | None = None, start: int = 0,
                 need_weights: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -122,9 +135,9 @@ class MultiHeadAttention(nn.Module):
             if self.rotary is not None:
                 q = self.rotary(q, q_positions)
                 k = self.rotary(k, q_positions if memory is None else torch.arange(k.size(2), device=k.device))
-            if cache is not None:
-                if memory is None and "k" in cache:  # self attention: the new keys follow the cached ones
-                    k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
+            if cache is not None and memory is None:
+                k, v = self.remember(cache, k, v, start)
+            elif cache is not None:
                 cache["k"], cache["v"] = k, v
         Tk = k.size(2)
         bias = None if self.alibi_slopes is None else alibi_bias(self.alibi_slopes, Tq, Tk, start).to(q.dtype)

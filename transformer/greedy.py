@@ -64,14 +64,17 @@ def check_eval_mode(model):
 class Decoder:
     """One encoded batch, stepped token by token: logits for the next token of every row."""
 
-    def __init__(self, model, src: torch.Tensor, ids: SpecialIds, use_cache: bool, repeat: int = 1):
+    def __init__(self, model, src: torch.Tensor, ids: SpecialIds, use_cache: bool, repeat: int = 1,
+                 longest: int | None = None):
+        """``repeat``: rows per sentence (beams); ``longest``: the most tokens a row will be fed, bos included,
+        for the cache to set aside."""
         check_eval_mode(model)
         self.model, self.ids, self.use_cache = model, ids, use_cache
         src_mask = padding_mask(src, ids.pad)  # (B, 1, 1, S)
         memory, _ = model.encode(src, src_mask)  # (B, S, C)
         # Beams: K copies of each sentence, sentence-major (row b * K + k).
         self.memory, self.src_mask = memory.repeat_interleave(repeat, 0), src_mask.repeat_interleave(repeat, 0)
-        self.cache = model.new_cache() if use_cache else None
+        self.cache = model.new_cache(longest) if use_cache else None
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
         """out (R, T) the tokens so far (bos first) -> next-token logits (R, V)."""
@@ -82,15 +85,14 @@ class Decoder:
             hidden, _ = self.model.decode(out, self.memory, target_mask(out, self.ids.pad), self.src_mask)
         return self.model.generator(hidden[:, -1]).float()  # (R, V)
 
-    def reorder(self, rows: torch.Tensor):
-        """Keep rows ``rows`` (R,) of the self-attention cache: the beams that survived a step.
-
-        Cross-attention keys stay: every beam of a sentence has the same ones.
-        """
+    def select(self, rows: torch.Tensor, sources_too: bool = False):
+        """Go on with rows ``rows`` (R,) only, in that order: the hypotheses that survived a step. With
+        ``sources_too``, sentences left the batch: their encoder output and cross-attention keys go as well
+        (a beam's rows all hold their sentence's, so the same rows pick them)."""
+        if sources_too:
+            self.memory, self.src_mask = self.memory.index_select(0, rows), self.src_mask.index_select(0, rows)
         if self.cache is not None:
-            for layer in self.cache:
-                layer["self"]["k"] = layer["self"]["k"].index_select(0, rows)
-                layer["self"]["v"] = layer["self"]["v"].index_select(0, rows)
+            self.model.select_cache(self.cache, rows, sources_too)
 
 
 def never_pad_or_bos(scores: torch.Tensor, ids: SpecialIds) -> torch.Tensor:
@@ -121,26 +123,32 @@ def greedy_search(model, src: torch.Tensor, ids: SpecialIds, max_new_tokens: tor
 
     src (B, S) ids; max_new_tokens (B,) the most tokens each sentence may
     produce, eos included (and never past the model's max_len). A sentence
-    stops at eos or at its limit; the loop stops when all have. Returns each
-    sentence's output with its score as beam search would report it (the
-    log-probabilities of the chosen tokens add up as they are chosen).
+    stops at eos or at its limit and leaves the batch; the loop stops when all
+    have. Returns each sentence's output with its score as beam search would
+    report it (the log-probabilities of the chosen tokens add up as they are
+    chosen).
     """
     B = src.size(0)
-    decoder = Decoder(model, src, ids, use_cache)
-    limit = limits(model, src, max_new_tokens)
-    out = torch.full((B, 1), ids.bos, dtype=torch.long, device=src.device)  # (B, 1)
-    finished = torch.zeros(B, dtype=torch.bool, device=src.device)
-    ended_with_eos = torch.zeros(B, dtype=torch.bool, device=src.device)
-    log_prob = torch.zeros(B, device=src.device)
+    limit = limits(model, src, max_new_tokens)  # (R,) for the R sentences still decoded
+    decoder = Decoder(model, src, ids, use_cache, longest=int(limit.max()))
+    sentence = torch.arange(B)  # (R,) which sentence each row decodes
+    out = torch.full((B, 1), ids.bos, dtype=torch.long, device=src.device)  # (R, T)
+    log_prob = torch.zeros(B, device=src.device)  # (R,)
+    found: list[Hypothesis | None] = [None] * B
     for t in range(int(limit.max())):
-        step = never_pad_or_bos(F.log_softmax(decoder.logits(out), dim=-1), ids)  # (B, V)
-        best, next_token = step.max(dim=-1)  # (B,) each
-        log_prob += best.masked_fill(finished, 0.0)
-        next_token = next_token.masked_fill(finished, ids.pad)
-        out = torch.cat([out, next_token[:, None]], dim=1)  # (B, T + 1)
-        ended_with_eos |= next_token == ids.eos
-        finished |= (next_token == ids.eos) | (t + 1 >= limit)
-        if finished.all():
-            break
-    tokens, eos = [strip(row, ids) for row in out[:, 1:].tolist()], ended_with_eos.tolist()
-    return [Hypothesis.of(row, lp, e, alpha) for row, lp, e in zip(tokens, log_prob.tolist(), eos)]
+        step = never_pad_or_bos(F.log_softmax(decoder.logits(out), dim=-1), ids)  # (R, V)
+        best, next_token = step.max(dim=-1)  # (R,) each
+        log_prob += best
+        out = torch.cat([out, next_token[:, None]], dim=1)  # (R, T + 1)
+        eos = next_token == ids.eos
+        done = eos | (t + 1 >= limit)
+        if done.any():
+            for b, row, lp, e in zip(sentence[done.cpu()].tolist(), out[done, 1:].tolist(), log_prob[done].tolist(),
+                                     eos[done].tolist()):
+                found[b] = Hypothesis.of(strip(row, ids), lp, e, alpha)
+            rows = (~done).nonzero()[:, 0]  # (R',)
+            if not len(rows):
+                break
+            sentence, out, log_prob, limit = sentence[rows.cpu()], out[rows], log_prob[rows], limit[rows]
+            decoder.select(rows, sources_too=True)
+    return found

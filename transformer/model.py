@@ -4,6 +4,7 @@ blocks of transformer.layers; ``build_model`` makes either.
 Dims: B batch, S source length, T target length, C model width, V vocabulary, H heads.
 """
 
+import torch
 from torch import nn
 
 from transformer.config import ModelConfig
@@ -65,9 +66,18 @@ class Transformer(nn.Module):
             weights.append((self_w, cross_w))
         return self.decoder_norm(x), weights
 
-    def new_cache(self) -> list[dict]:
-        """An empty key/value cache: per decoder layer, self and cross attention's."""
-        return [{"self": {}, "cross": {}} for _ in self.decoder_layers]
+    def new_cache(self, size: int | None = None) -> list[dict]:
+        """An empty key/value cache: per decoder layer, self and cross attention's. ``size``: the most positions
+        it will hold, for the fast modules to set aside at once (transformer.fast.attention)."""
+        return [{"self": {} if size is None else {"size": size}, "cross": {}} for _ in self.decoder_layers]
+
+    def select_cache(self, cache: list[dict], rows: torch.Tensor, sources_too: bool):
+        """Keep rows ``rows`` of the self-attention caches (a search's surviving hypotheses); with
+        ``sources_too`` of the cross-attention ones also (sentences left the batch)."""
+        for layer, entry in zip(self.decoder_layers, cache):
+            layer.self_attn.select_cache(entry["self"], rows)
+            if sources_too:
+                layer.cross_attn.select_cache(entry["cross"], rows)
 
     def forward(self, src, tgt, src_mask, tgt_mask, project: bool = True):
         """Teacher-forced logits (B, T, V); with ``project`` False the decoder's output

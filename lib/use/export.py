@@ -3,6 +3,7 @@ one, so that `huggingface-cli upload <repo> exports/<task>` publishes it as it i
 
     python -m lib.use.export --task cumsum                  # models/cumsum -> exports/cumsum
     python -m lib.use.export --task multi30k --out /tmp/multi30k-model
+    python -m lib.use.export --task cumsum --format ctranslate2     # -> exports/cumsum-ctranslate2
 
 It writes ``model.safetensors`` (the weights alone, no pickle), ``config.json`` (the model config, the
 vocabulary sizes and special ids, what model.pt records of its training), the tokenizer's files under
@@ -79,15 +80,25 @@ def main(argv=None):
     parser.add_argument("--task", required=True, choices=task_names())
     parser.add_argument("--models", help="model.pt and tokenizer/ (default: models/<task>)")
     parser.add_argument("--metrics", help="its metrics.json, for the card (default: reports/<task>/metrics.json)")
-    parser.add_argument("--out", help="the folder to write (default: exports/<task>)")
+    parser.add_argument("--out", help="the folder to write (default: exports/<task>, exports/<task>-ctranslate2)")
+    parser.add_argument("--format", choices=("huggingface", "ctranslate2"), default="huggingface",
+                        help="huggingface: safetensors, config and card; ctranslate2: a CTranslate2 model directory")
+    parser.add_argument("--alpha", type=float, help="ctranslate2: the length penalty to decode with, in place of "
+                        "generation.json's (CTranslate2 has no GNMT penalty: 0 is the one it can express)")
     args = parser.parse_args(argv)
+    models = Path(args.models or f"models/{args.task}").expanduser()
+    out = args.out or (f"exports/{args.task}" if args.format == "huggingface" else f"exports/{args.task}-ctranslate2")
     try:
-        export(args.task, Path(args.models or f"models/{args.task}").expanduser(),
-               Path(args.metrics or f"reports/{args.task}/metrics.json").expanduser(),
-               Path(args.out or f"exports/{args.task}").expanduser())
+        if args.format == "huggingface":
+            export(args.task, models, Path(args.metrics or f"reports/{args.task}/metrics.json").expanduser(),
+                   Path(out).expanduser())
+        else:
+            from lib.use import to_ctranslate2  # ctranslate2 loads only for this format
+
+            to_ctranslate2.export(args.task, models, Path(out).expanduser(), args.alpha)
     except (ValueError, FileNotFoundError) as err:
         parser.exit(2, f"export: error: {err}\n")
-    print(f"exported {args.task} to {args.out or f'exports/{args.task}'}")
+    print(f"exported {args.task} to {out}")
 
 
 if __name__ == "__main__":

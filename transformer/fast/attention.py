@@ -94,6 +94,32 @@ class FastMultiHeadAttention(MultiHeadAttention):
         b = self.qkv_proj.bias
         return F.linear(x, self.qkv_proj.weight[rows], None if b is None else b[rows])
 
+    def remember(self, cache: dict, k: torch.Tensor, v: torch.Tensor, start: int):
+        """With the cache's ``size`` (the most positions a search will feed), keys and values are written in
+        place into buffers that long, so that a step copies its own and no earlier ones; without, as the
+        reference does."""
+        if "size" not in cache:
+            return super().remember(cache, k, v, start)
+        R, end = k.size(0), start + k.size(2)
+        if "k_buffer" not in cache:
+            cache["k_buffer"], cache["v_buffer"] = (t.new_empty(R, t.size(1), cache["size"], t.size(3)) for t in (k, v))
+        cache["k_buffer"][:R, :, start:end], cache["v_buffer"][:R, :, start:end] = k, v
+        cache["k"], cache["v"] = cache["k_buffer"][:R, :, :end], cache["v_buffer"][:R, :, :end]
+        return cache["k"], cache["v"]
+
+    def select_cache(self, cache: dict, rows: torch.Tensor):
+        """The chosen rows gathered into a second pair of buffers, which then take the first pair's place:
+        each step reuses the same two, where the reference allocates anew."""
+        if "k_buffer" not in cache:
+            return super().select_cache(cache, rows)
+        R, end = len(rows), cache["k"].size(2)
+        spare = cache.setdefault("spare", [torch.empty_like(cache["k_buffer"]), torch.empty_like(cache["v_buffer"])])
+        for name, into in zip("kv", spare):
+            torch.index_select(cache[name], 0, rows, out=into[:R, :, :end])
+        cache["spare"] = [cache["k_buffer"], cache["v_buffer"]]
+        cache["k_buffer"], cache["v_buffer"] = spare
+        cache["k"], cache["v"] = spare[0][:R, :, :end], spare[1][:R, :, :end]
+
     def attend(self, q, k, v, mask, bias, need_weights: bool):
         """The fused kernel off the CPU when nobody reads the weights; on a CPU, the grouped products (with
         byte dropout), which train there as fast."""
