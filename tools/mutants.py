@@ -6,7 +6,7 @@ a mask flipped, the target not shifted, a bias dropped, ...), or its pipeline
 best epoch's, ...), written as one exact replacement in one file. For each, the
 tree (without .git, .venv and the pipeline's outputs) is copied to a scratch
 directory, the replacement made, and the tests that should catch it run with
-``pytest -x``: "killed" when one fails,
+``pytest -x``: "killed" when one fails, "broken" when pytest could not run them,
 "survived" when all pass (then no test can tell the mistake from the real
 thing: write one). A mutation names the file it was written for; when its text is no longer
 there (the code moved), the one file of lib/, transformer/ and stages/ that holds it exactly once is
@@ -131,12 +131,19 @@ MUTATIONS = [
      "return ((5 + length) / 6) ** alpha", "return ((6 + length) / 6) ** alpha", NUMERIC),
     ("greedy search choosing the least likely token", "transformer/greedy.py",
      "best, next_token = step.max(dim=-1)", "best, next_token = step.min(dim=-1)", NUMERIC),
-    ("greedy scores still adding up after eos", "transformer/greedy.py",
-     "log_prob += best.masked_fill(finished, 0.0)", "log_prob += best", NUMERIC),
-    ("a finished beam's length still counted", "transformer/greedy.py",
-     "new_length = length + (~finished)", "new_length = length + 1", NUMERIC),
-    ("finished beams not carried on", "transformer/greedy.py",
-     "        step[finished, ids.pad] = 0.0\n", "", NUMERIC),
+    ("greedy's scores taken from the wrong rows once a sentence has left", "transformer/greedy.py",
+     "log_prob[rows], limit[rows]", "log_prob[:len(rows)], limit[rows]", NUMERIC),
+    ("a finished hypothesis scored one token short", "transformer/beam.py",
+     "float(\"-inf\")) / length_penalty(n, alpha)", "float(\"-inf\")) / length_penalty(n - 1, alpha)", NUMERIC),
+    ("hypotheses that ended carried on as live ones", "transformer/beam.py",
+     "live, pick = log_prob.masked_fill(ends, float(\"-inf\")).topk(K, dim=1)", "live, pick = log_prob.topk(K, dim=1)",
+     NUMERIC),
+    ("a sentence stopped on its current length penalty, not the largest it can still reach", "transformer/beam.py",
+     "length_penalty(limit, alpha).clamp(min=length_penalty(n, alpha))", "length_penalty(n, alpha)", NUMERIC),
+    ("the fast cache's new keys written at its start", "transformer/fast/attention.py",
+     "cache[\"k_buffer\"][:R, :, start:end], cache[\"v_buffer\"][:R, :, start:end] = k, v",
+     "cache[\"k_buffer\"][:R, :, :end - start], cache[\"v_buffer\"][:R, :, :end - start] = k, v",
+     ["tests/test_fast.py"]),
     ("top-k keeping k + 1", "transformer/greedy.py",
      "kth = torch.topk(logits, k, dim=-1)", "kth = torch.topk(logits, k + 1, dim=-1)", NUMERIC),
     ("top-p keeping a token past p", "transformer/greedy.py", "drop_sorted = before >= p", "drop_sorted = before > p",
@@ -331,10 +338,10 @@ MUTATIONS = [
     ("the searches ignoring the sources' padding", "transformer/greedy.py",
      "src_mask = padding_mask(src, ids.pad)  # (B, 1, 1, S)", "src_mask = padding_mask(src, -1)  # (B, 1, 1, S)",
      USER),
-    ("beam search starting every beam alike", "transformer/greedy.py",
-     "log_prob[:, 1:] = float(\"-inf\")", "log_prob[:, 1:] = 0.0", USER),
-    ("beam search's cache not following the surviving beams", "transformer/greedy.py",
-     "        decoder.reorder(rows)\n", "", USER),
+    ("beam search starting every beam alike", "transformer/beam.py",
+     "live[:, 0] = 0.0", "live[:, :] = 0.0", USER),
+    ("beam search's cache not following the surviving beams", "transformer/beam.py",
+     "            decoder.select(rows)\n", "            pass\n", USER),
     ("outputs not capped at the model's max_len", "transformer/greedy.py",
      "max_new_tokens.clamp(max=model.cfg.max_len - 1)", "max_new_tokens", USER),
     ("an output's eos kept among its tokens", "transformer/greedy.py",
@@ -430,8 +437,13 @@ def copy_tree(dest: Path):
     """The working tree as it is, without what a mutation cannot touch."""
     if dest.exists():
         shutil.rmtree(dest)
-    shutil.copytree(ROOT, dest, ignore=shutil.ignore_patterns(".git", ".venv", ".dvc", "data", "models", "reports",
-                                                              "__pycache__", ".pytest_cache"))
+    outputs = {".git", ".venv", ".dvc", "data", "models", "reports", "sources", "exports"}  # at the top only: lib/data
+
+    def ignore(directory: str, names: list[str]) -> set[str]:
+        top = Path(directory) == ROOT
+        return {name for name in names if (top and name in outputs) or name in ("__pycache__", ".pytest_cache")}
+
+    shutil.copytree(ROOT, dest, ignore=ignore)
 
 
 def mutated(text: str, old: str, new: str) -> str | None:
@@ -466,6 +478,8 @@ def run(what: str, path: str, old: str, new: str, tests: list[str], tree: Path) 
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests], cwd=tree,
                           capture_output=True, text=True)
     failed = [line.split(" ")[1] for line in done.stdout.splitlines() if line.startswith("FAILED ")]
+    if done.returncode not in (0, 1):  # pytest's 1: tests failed; else it could not run them (an import, say)
+        return {"mutation": what, "file": path, "result": "broken", "output": done.stdout[-600:] + done.stderr[-600:]}
     return {"mutation": what, "file": path, "result": "killed" if done.returncode else "survived",
             "by": failed[:1], "seconds": round(time.perf_counter() - start, 1)}
 
@@ -495,10 +509,10 @@ def main():
         for mutation in chosen:
             results.append(run(*mutation, Path(scratch) / "tree"))
             print(json.dumps(results[-1]), flush=True)
-    counts = {k: sum(r["result"] == k for r in results) for k in ("killed", "survived", "stale")}
+    counts = {k: sum(r["result"] == k for r in results) for k in ("killed", "survived", "stale", "broken")}
     print(json.dumps({"mutations": len(results), **counts,
                       "survivors": [r["mutation"] for r in results if r["result"] == "survived"]}))
-    return 1 if counts["survived"] or counts["stale"] else 0
+    return 1 if counts["survived"] or counts["stale"] or counts["broken"] else 0
 
 
 if __name__ == "__main__":
