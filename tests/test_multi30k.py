@@ -478,7 +478,6 @@ def test_generate_writes_each_lines_n_best_with_the_scores_beam_search_ranked_th
     assert tuple(table.columns) == generate.N_BEST_COLUMNS
     assert table["line"].tolist() == [1, 1, 1, 3, 3, 3] and table["rank"].tolist() == [1, 2, 3] * 2  # no empty line
     assert table[table["rank"] == 1]["translation"].tolist() == [best[0], best[2]]
-    assert table["translation"].nunique() == 6  # the beam's outputs are distinct
 
     model, toks, _ = checkpoint.load_trained(trained / "model.pt", trained / "tokenizer")
     ids = special_ids(toks)
@@ -487,6 +486,7 @@ def test_generate_writes_each_lines_n_best_with_the_scores_beam_search_ranked_th
         source = encode_sources(toks, [german])[0].ids
         _, _, written = lines.translate_lines(model, toks, [german], 4, 0.6, 20, 8192, n_best=3)
         hypotheses = written[0][1]
+        assert len({tuple(h.tokens) for h in hypotheses}) == 3  # distinct outputs (a tiny model's may read alike)
         rescored = score_outputs(model, [source] * 3, [h.tokens for h in hypotheses], ids, 8192, 0.6,
                                  [h.eos for h in hypotheses])  # teacher-forced
         for row, h, again in zip(rows.itertuples(), hypotheses, rescored):

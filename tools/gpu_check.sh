@@ -32,7 +32,7 @@ WORK=${WORK:-/tmp/gpu_check}
 missing_requirements() {
   "$PYTHON" - <<'PY'
 import importlib.util, re
-module = {"pyyaml": "yaml"}
+module = {"pyyaml": "yaml", "pytest-xdist": "xdist"}
 def found(name):  # a dotted name (ruamel.yaml) whose parent package is missing raises instead of None
     try:
         return importlib.util.find_spec(name) is not None
