@@ -107,6 +107,13 @@ def test_fast_multi_head_attention_is_the_reference(fused, kv_heads, positional)
             outs.append((out, weights, x.grad))
         for got, want in zip(outs[1], outs[0]):
             assert close(got, want, FP32)
+    with torch.no_grad():  # a search's 3 beams a sentence over its one memory row, as 3 copies of it give
+        beams = torch.randn(12, 2, cfg.d_model)
+        want = reference(beams, memory.repeat_interleave(3, 0), padding_mask(ids, PAD).repeat_interleave(3, 0),
+                         need_weights=True)
+        for module in (reference, fast):
+            got = module(beams, memory, padding_mask(ids, PAD), need_weights=True)
+            assert close(got[0], want[0], FP32) and close(got[1], want[1], FP32)
     caches = [{}, {}, {"size": 5}]  # the fast one's twice: grown as the reference grows it, and set aside
     x = x.detach()
     for step in range(3):  # incremental decoding (as searches run it: no grad), the same outputs

@@ -59,7 +59,7 @@ if [ "${1:-}" = bundle ]; then
   for p in manylinux_2_28 manylinux_2_27 manylinux_2_17 manylinux2014 manylinux1; do
     platforms+=(--platform "${p}_x86_64")
   done
-  grep -E '^(dvc|dvclive)\b' requirements.txt | "$PYTHON" -m pip download -q --only-binary=:all: \
+  grep -E '^(dvc|dvclive|ctranslate2)\b' requirements.txt | "$PYTHON" -m pip download -q --only-binary=:all: \
     --python-version "$PY_VERSION" --implementation cp "${platforms[@]}" --find-links "$dir/wheels" \
     -d "$dir/wheels" -r /dev/stdin
   echo "bundle: $(ls "$dir/wheels" | wc -l) wheels ($(du -sh "$dir/wheels" | cut -f1)) and multi30k in $dir"

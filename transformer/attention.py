@@ -98,7 +98,12 @@ class MultiHeadAttention(nn.Module):
                 self.split_heads(F.linear(source, wv, bv)))
 
     def attend(self, q, k, v, mask, bias, need_weights: bool):
-        """Eq. 1 in every head at once: the output and the weights (here made either way)."""
+        """Eq. 1 in every head at once: the output and the weights (here made either way). Keys of fewer rows
+        than the queries are a search's memory, one row a sentence: each serves its sentence's beams in turn."""
+        if k.size(0) != q.size(0):
+            beams = q.size(0) // k.size(0)
+            k, v = k.repeat_interleave(beams, 0), v.repeat_interleave(beams, 0)
+            mask = mask if mask is None or mask.size(0) == 1 else mask.repeat_interleave(beams, 0)
         return attention(q, k, v, mask, self.dropout, bias)
 
     def remember(self, cache: dict, k: torch.Tensor, v: torch.Tensor, start: int):
@@ -117,7 +122,8 @@ class MultiHeadAttention(nn.Module):
     def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None, mask: torch.Tensor | None = None,
                 cache: dict | None = None, start: int = 0,
                 need_weights: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x (B, Tq, C); memory (B, Tk, C) for cross attention, None for self.
+        """x (B, Tq, C); memory (B, Tk, C) for cross attention (or (B / K, Tk, C): each row for K beams in
+        turn), None for self.
 
         Incremental decoding: x holds the tokens at positions start..start+Tq-1 and ``cache`` (a dict this
         layer fills) the keys and values computed before: self attention appends the new ones, cross

@@ -72,8 +72,9 @@ class Decoder:
         self.model, self.ids, self.use_cache = model, ids, use_cache
         src_mask = padding_mask(src, ids.pad)  # (B, 1, 1, S)
         memory, _ = model.encode(src, src_mask)  # (B, S, C)
-        # Beams: K copies of each sentence, sentence-major (row b * K + k).
-        self.memory, self.src_mask = memory.repeat_interleave(repeat, 0), src_mask.repeat_interleave(repeat, 0)
+        # Beams: K rows a sentence, sentence-major (row b * K + k); cross attention gives each sentence's memory
+        # row to its K rows (transformer.attention).
+        self.memory, self.src_mask, self.repeat = memory, src_mask, repeat
         self.cache = model.new_cache(longest) if use_cache else None
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
@@ -86,13 +87,14 @@ class Decoder:
         return self.model.generator(hidden[:, -1]).float()  # (R, V)
 
     def select(self, rows: torch.Tensor, sources_too: bool = False):
-        """Go on with rows ``rows`` (R,) only, in that order: the hypotheses that survived a step. With
-        ``sources_too``, sentences left the batch: their encoder output and cross-attention keys go as well
-        (a beam's rows all hold their sentence's, so the same rows pick them)."""
-        if sources_too:
-            self.memory, self.src_mask = self.memory.index_select(0, rows), self.src_mask.index_select(0, rows)
+        """Go on with rows ``rows`` (R,) only, in that order: the hypotheses that survived a step, each
+        sentence's K together. With ``sources_too``, sentences left the batch: their encoder output and
+        cross-attention keys go as well."""
+        sentences = rows[::self.repeat] // self.repeat if sources_too else None  # (R / K,)
+        if sentences is not None:
+            self.memory, self.src_mask = self.memory[sentences], self.src_mask[sentences]
         if self.cache is not None:
-            self.model.select_cache(self.cache, rows, sources_too)
+            self.model.select_cache(self.cache, rows, sentences)
 
 
 def never_pad_or_bos(scores: torch.Tensor, ids: SpecialIds) -> torch.Tensor:

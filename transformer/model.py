@@ -71,13 +71,13 @@ class Transformer(nn.Module):
         it will hold, for the fast modules to set aside at once (transformer.fast.attention)."""
         return [{"self": {} if size is None else {"size": size}, "cross": {}} for _ in self.decoder_layers]
 
-    def select_cache(self, cache: list[dict], rows: torch.Tensor, sources_too: bool):
-        """Keep rows ``rows`` of the self-attention caches (a search's surviving hypotheses); with
-        ``sources_too`` of the cross-attention ones also (sentences left the batch)."""
+    def select_cache(self, cache: list[dict], rows: torch.Tensor, sentences: torch.Tensor | None = None):
+        """Keep rows ``rows`` of the self-attention caches (a search's surviving hypotheses), and rows
+        ``sentences`` of the cross-attention ones (those of the sentences still searched)."""
         for layer, entry in zip(self.decoder_layers, cache):
             layer.self_attn.select_cache(entry["self"], rows)
-            if sources_too:
-                layer.cross_attn.select_cache(entry["cross"], rows)
+            if sentences is not None:
+                layer.cross_attn.select_cache(entry["cross"], sentences)
 
     def forward(self, src, tgt, src_mask, tgt_mask, project: bool = True):
         """Teacher-forced logits (B, T, V); with ``project`` False the decoder's output

@@ -125,6 +125,23 @@ class FastMultiHeadAttention(MultiHeadAttention):
     def attend(self, q, k, v, mask, bias, need_weights: bool):
         """The fused kernel off the CPU when nobody reads the weights; on a CPU, the grouped products (with
         byte dropout), which train there as fast."""
+        if k.size(0) != q.size(0) and bias is None:
+            return self.attend_beams(q, k, v, mask, need_weights)
+        if k.size(0) != q.size(0):
+            return super().attend(q, k, v, mask, bias, need_weights)
         if need_weights or eager_on_cpu(q):
             return grouped_attention(q, k, v, mask, self.dropout, bias)
         return fused_attention(q, k, v, mask, self.dropout.p if self.training else 0.0, bias), None
+
+    def attend_beams(self, q, k, v, mask, need_weights: bool):
+        """Cross attention of a search's K beams (q (b*K, H, Tq, D)) over their sentence's memory (k and v
+        (b, Hkv, Tk, D)): the beams' queries as K times as many rows of one sentence, so that its keys are read
+        once for all of them, never copied per beam."""
+        (R, H, Tq, D), b = q.shape, k.size(0)
+        K = R // b
+        q = q.view(b, K, H, Tq, D).transpose(1, 2).reshape(b, H, K * Tq, D)
+        out, weights = self.attend(q, k, v, mask, None, need_weights)  # mask (b, 1, 1, Tk) fits every row
+        out = out.view(b, H, K, Tq, D).transpose(1, 2).reshape(R, H, Tq, D)
+        if weights is not None:
+            weights = weights.view(b, H, K, Tq, -1).transpose(1, 2).reshape(R, H, Tq, -1)
+        return out, weights
