@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from lib.data.pairs import read_split
 from lib.data.tokenizer import special_ids
@@ -81,7 +82,8 @@ def test_cumsum_exported_to_ctranslate2_decodes_as_ours(built, models, tmp_path,
     test = encode_pairs(tokenizers, read_split(built["data"], "test"))
     ours = translate(model, test.src, ids, 4096, 4)
     options = json.loads((out / to_ctranslate2.OPTIONS_FILE).read_text())
-    translator = ctranslate2.Translator(str(out), device="cpu", inter_threads=1, intra_threads=2)
+    # CTranslate2 sets OpenMP's thread count for the whole process: torch's, so that later tests here train alike
+    translator = ctranslate2.Translator(str(out), device="cpu", inter_threads=1, intra_threads=torch.get_num_threads())
     source_tokens = [[tokenizers.source.id_to_token(i) for i in s] for s in test.src]
     theirs = to_ctranslate2.translate(translator, source_tokens, options)
     assert [[tokenizers.target.token_to_id(t) for t in tokens] for tokens in theirs] == ours
