@@ -14,7 +14,7 @@ mutated instead. "stale" means no file holds it once: update the mutation (``--c
 without running any test). Prints a JSON line per mutation, then a summary.
 Run from the repository root (most take 2-15 s; the training, pipeline and user ones 0.5-3 minutes; the first 65,
 46 minutes, the user family's 28, 27 minutes):
-    PYTHONPATH=. python tools/mutants.py [--only SUBSTRING ...] [--workdir /tmp/mutants] [--check]
+    PYTHONPATH=. python tools/mutants.py [--only SUBSTRING ...] [--family numeric] [--workdir /tmp/mutants] [--check]
 """
 
 import argparse
@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # The fast tests of the model's numerics, and the slower ones of training.
 NUMERIC = ["tests/test_attention.py", "tests/test_model.py", "tests/test_decoding.py", "tests/test_optim.py",
-           "tests/test_data.py"]
+           "tests/test_data.py", "tests/test_fast.py"]
 TRAINING = ["tests/test_optim.py", "tests/test_distributed.py", "tests/test_lm.py", "tests/test_stages.py",
             "tests/test_multi30k.py"]
 # The tests of what the stages promise a user: outputs whole or not at all, resuming as if never stopped,
@@ -142,8 +142,7 @@ MUTATIONS = [
      "length_penalty(limit, alpha).clamp(min=length_penalty(n, alpha))", "length_penalty(n, alpha)", NUMERIC),
     ("the fast cache's new keys written at its start", "transformer/fast/attention.py",
      "cache[\"k_buffer\"][:R, :, start:end], cache[\"v_buffer\"][:R, :, start:end] = k, v",
-     "cache[\"k_buffer\"][:R, :, :end - start], cache[\"v_buffer\"][:R, :, :end - start] = k, v",
-     ["tests/test_fast.py"]),
+     "cache[\"k_buffer\"][:R, :, :end - start], cache[\"v_buffer\"][:R, :, :end - start] = k, v", NUMERIC),
     ("top-k keeping k + 1", "transformer/greedy.py",
      "kth = torch.topk(logits, k, dim=-1)", "kth = torch.topk(logits, k + 1, dim=-1)", NUMERIC),
     ("top-p keeping a token past p", "transformer/greedy.py", "drop_sorted = before >= p", "drop_sorted = before > p",
@@ -487,10 +486,14 @@ def run(what: str, path: str, old: str, new: str, tests: list[str], tree: Path) 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="+", default=[], help="run the mutations whose description holds one of these")
+    parser.add_argument("--family", choices=("numeric", "training", "pipeline", "user"),
+                        help="only the mutations that run this family's tests (NUMERIC, TRAINING, ... above)")
     parser.add_argument("--workdir", default=None, help="where the mutated copy goes (default: a temporary directory)")
     parser.add_argument("--check", action="store_true", help="only list the stale mutations (seconds, no tests run)")
     args = parser.parse_args()
-    chosen = [m for m in MUTATIONS if not args.only or any(s in m[0] for s in args.only)]
+    families = {"numeric": NUMERIC, "training": TRAINING, "pipeline": PIPELINE, "user": USER}
+    chosen = [m for m in MUTATIONS if (not args.only or any(s in m[0] for s in args.only))
+              and (not args.family or m[4] is families[args.family])]
     if not chosen:
         parser.error(f"--only {' '.join(args.only)}: no mutation's description holds it")
     if len({what for what, *_ in MUTATIONS}) != len(MUTATIONS):
