@@ -65,8 +65,8 @@ def beam_search(model, src: torch.Tensor, ids: SpecialIds, max_new_tokens: torch
     hypothesis scores at least what its best live one could still reach: a
     log-probability only falls, so that is its log-probability over the
     largest penalty its length can still reach (tensor2tensor's bound). Returns,
-    per sentence, the ``n_best`` hypotheses, best first. With beam_size 1 it is
-    greedy search.
+    per sentence, the ``n_best`` hypotheses, best first. With beam_size 1 and
+    alpha 0 it is greedy search; with alpha > 0 it scores at least as well.
     """
     B, K, n_best = src.size(0), beam_size, min(n_best, beam_size)
     device = src.device

@@ -26,7 +26,7 @@ import torch
 
 from lib.core.text import load_params
 from lib.data.pairs import read_split
-from lib.data.tokenizer import decode, encode_pairs, special_ids
+from lib.data.tokenizer import decode, encode_pairs, load_tokenizers, special_ids
 from lib.evaluate.decode import translate
 from lib.model.checkpoint import load_directory
 from lib.tasks import translation
@@ -64,7 +64,7 @@ def theirs(args, searches: dict) -> dict:
 
     from lib.use import to_ctranslate2
 
-    model, tokenizers, _ = load_directory(args.models, option="--models")
+    tokenizers = load_tokenizers(Path(args.models) / "tokenizer")  # the model itself: CTranslate2's copy
     test = read_split(args.data, args.split)
     sources = [[tokenizers.source.id_to_token(i) for i in s] for s in encode_pairs(tokenizers, test).src]
     found = {}

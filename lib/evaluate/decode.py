@@ -27,8 +27,7 @@ def translate_n_best(model, sources: list[list[int]], ids: SpecialIds, max_token
                      use_cache: bool = True) -> list[list[Hypothesis]]:
     """Beam search's ``n_best`` hypotheses for every source, in order, best first, with their scores.
 
-    beam_size 1 is greedy search, which beam search of one beam equals; it runs as ``greedy_search``,
-    the cheaper of the two.
+    beam_size 1 runs ``greedy_search``, the cheaper search, which one beam equals without a length penalty.
     """
     check_alpha(model, alpha)
     outputs: list[list[Hypothesis]] = [[] for _ in sources]

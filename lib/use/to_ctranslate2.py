@@ -59,15 +59,19 @@ def _norm(spec, norm):
     spec.beta = _array(norm.bias) if norm.bias is not None else np.zeros(norm.weight.shape, dtype=np.float32)
 
 
+def _joined(*biases: torch.Tensor | None) -> torch.Tensor | None:
+    """Projections' biases as one fused layer's: all there (model.bias) or none."""
+    return None if biases[0] is None else torch.cat(biases)
+
+
 def _attention(spec, attn, cross: bool):
     """CTranslate2 fuses q, k and v in self attention (linear 0), k and v in cross attention (linear 1)."""
     (wq, bq), (wk, bk), (wv, bv) = attn.projections()
-    fuse = (lambda *ts: None if ts[0] is None else torch.cat(ts))  # noqa: E731 - a bias is all there or none
     if cross:
         _linear(spec.linear[0], wq, bq)
-        _linear(spec.linear[1], torch.cat([wk, wv]), fuse(bk, bv))
+        _linear(spec.linear[1], torch.cat([wk, wv]), _joined(bk, bv))
     else:
-        _linear(spec.linear[0], torch.cat([wq, wk, wv]), fuse(bq, bk, bv))
+        _linear(spec.linear[0], torch.cat([wq, wk, wv]), _joined(bq, bk, bv))
     _linear(spec.linear[-1], attn.out_proj.weight, attn.out_proj.bias)
 
 

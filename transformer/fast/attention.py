@@ -87,9 +87,11 @@ class FastMultiHeadAttention(MultiHeadAttention):
             q, k, v = self.qkv_proj(x).split([x.size(-1), self.kv_width, self.kv_width], dim=-1)
             return self.split_heads(q), self.split_heads(k), self.split_heads(v)
         q, (k, v) = self.query(x), self._fused_rows(memory, slice(x.size(-1), None)).chunk(2, dim=-1)
-        # Laid out by head once, the copy the grouped products would make anyway: a search's cache of them
-        # is then read as it is at every step.
-        return self.split_heads(q), self.split_heads(k).contiguous(), self.split_heads(v).contiguous()
+        q, k, v = self.split_heads(q), self.split_heads(k), self.split_heads(v)
+        if eager_on_cpu(k):
+            # By head once, the copy the grouped products make anyway: a search's cache is then read as it is.
+            k, v = k.contiguous(), v.contiguous()
+        return q, k, v
 
     def _fused_rows(self, x: torch.Tensor, rows: slice) -> torch.Tensor:
         """x through some rows of the fused projection: the keys' and values' together, one product."""
