@@ -26,7 +26,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from lib.train.identity import module_files  # noqa: E402 - after sys.path holds the repository
+from lib.core.imports import module_files  # noqa: E402 - after sys.path holds the repository
 from transformer.config import ModelConfig  # noqa: E402 - after sys.path holds the repository
 
 
@@ -50,12 +50,12 @@ def check_rerunnable(outputs: dict[tuple[str, str], Path], task: str = "cumsum")
     there, so that running the stage again over it is not refused (and the check is not vacuous: each holds
     something)."""
     from lib.core.files import check_replaceable
-    from lib.stage.cli import holds
+    from lib.tasks.outputs import holds
     from lib.tasks import get_task
 
     for (stage, option), path in outputs.items():
         assert any(path.iterdir()), path
-        check_replaceable(path, holds(get_task(task), stage, option), f"--{option}", stage)
+        check_replaceable(path, holds(get_task(task), stage, option), f"--{option}", f"the {stage} stage")
 
 
 def fetch_and_prepare(task: str, fetch_cfg, prepare_cfg, out: Path) -> Path:
@@ -243,7 +243,7 @@ def dvc_repo(tmp_path: Path, params: dict) -> tuple[Path, dict, Path]:
     loaded (``code_not_in_deps``)."""
     repo = tmp_path / "repo"
     repo.mkdir()
-    for name in ("lib", "stages", "transformer"):
+    for name in ("lib", "stages", "transformer", "tools"):  # tools: the deps tool, run after adding a module
         shutil.copytree(ROOT / name, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("dvc.yaml", ".gitignore", ".dvcignore"):
         shutil.copy(ROOT / name, repo / name)

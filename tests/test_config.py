@@ -11,7 +11,7 @@ import yaml
 
 from lib.core.config import ConfigError
 from lib.core.text import load_params
-from lib.tasks.params import check_stages_after, stage_config
+from lib.tasks.params import check_stages_after, check_tasks, stage_config
 from tests.conftest import ROOT, run_stage
 
 
@@ -74,10 +74,11 @@ def test_unknown_task_is_named(tiny_params):
     tiny_params["tasks"] = ["cumsun"]
     with pytest.raises(ConfigError, match=r"tasks: unknown task 'cumsun'"):
         stage_config(tiny_params, "cumsun", "prepare")
-    for listed in ("multi30K", None):  # beside the task: dvc repro would run cumsum's prepare, then stop at
-        tiny_params["tasks"] = ["cumsum", listed]  # "No such file or directory: 'lib/tasks/multi30K.py'"
+    for listed in ("multi30K", None):  # beside the task: the index stage, which dvc repro runs first, names it;
+        tiny_params["tasks"] = ["cumsum", listed]  # cumsum's own stages run none of another task's code
         with pytest.raises(ConfigError, match=rf"^tasks: unknown task {listed!r} \(known: cumsum, multi30k, "):
-            stage_config(tiny_params, "cumsum", "prepare")
+            check_tasks(tiny_params)
+        assert stage_config(tiny_params, "cumsum", "prepare").n_train == 400
     tiny_params["tasks"] = "cumsum"  # a name, not a list
     with pytest.raises(ConfigError, match=r"tasks: expected a list of task names \(tasks: \[cumsum\]\), got 'cumsum'$"):
         stage_config(tiny_params, "cumsum", "prepare")

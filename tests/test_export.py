@@ -118,3 +118,27 @@ def test_an_alpha_ctranslate2_cannot_express_stops_the_export_before_writing(mod
                  "ctranslate2", "--alpha", "0"])
     options = json.loads((tmp_path / "ct2" / to_ctranslate2.OPTIONS_FILE).read_text())
     assert options["translate_batch"]["beam_size"] == 4 and options["translate_batch"]["length_penalty"] == 0.0
+
+
+@pytest.mark.parametrize("format_", ["huggingface", "ctranslate2"])
+def test_an_export_over_a_users_folder_is_refused_and_loses_nothing(models, tmp_path, capsys, format_):
+    """An export replaces its folder whole: pointed at one holding a user's file, it refuses, naming the folder
+    and the file, and the file stays. Over its own earlier export it writes again, as over a new folder."""
+    out = tmp_path / "thesis"
+    out.mkdir()
+    (out / "thesis.txt").write_text("three years of work")
+    argv = ["--task", "cumsum", "--models", str(models), "--out", str(out), "--format", format_]
+    with pytest.raises(SystemExit) as stop:
+        export.main(argv)
+    said = capsys.readouterr().err
+    assert stop.value.code == 2, said
+    assert f"export: error: {out}: holds thesis.txt, which the " in said and "would be lost" in said
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["models", "thesis"]  # nothing aside, nothing half-written
+    assert [p.name for p in out.iterdir()] == ["thesis.txt"]
+    assert (out / "thesis.txt").read_text() == "three years of work"
+
+    again = tmp_path / "again"
+    export.main([*argv[:-3], str(again), "--format", format_])
+    first = sorted(p.name for p in again.iterdir())
+    export.main([*argv[:-3], str(again), "--format", format_])
+    assert sorted(p.name for p in again.iterdir()) == first

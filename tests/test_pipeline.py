@@ -30,6 +30,7 @@ def test_dvc_repro_end_to_end(tmp_path):
     assert stages_run(second) == set()
     assert "up to date" in sh(DVC, "status", cwd=repo, env=env)
     check_edits_rerun_only_the_stages_that_run_them(repo, env)
+    check_a_new_task_reruns_no_other_tasks_stage(repo, env)
 
     # The small metrics and plot tables are git's (cache: false), the rest DVC's: committed, a fresh clone
     # (no DVC cache, no remote) shows the baseline's metrics, and diffs them
@@ -74,6 +75,26 @@ TRAINING = ["transformer/model.py", "transformer/attention.py", "transformer/los
             "lib/tasks/base.py", "lib/tasks/cumsum.py", "lib/train/seq2seq.py", "lib/train/averaging.py"]
 
 
+def check_a_new_task_reruns_no_other_tasks_stage(repo, env):
+    """docs/adding-a-task.md's task module added, and the one command its guide gives after it (the deps tool):
+    every cumsum stage stays up to date, and only the index, which lists every task, is stale. Both are put back."""
+    import re
+    import sys
+
+    guide = (ROOT / "docs" / "adding-a-task.md").read_text()
+    [module] = re.findall(r"```python\n(.*?)```", guide, flags=re.S)
+    task, dvc_yaml = repo / "lib" / "tasks" / "reverse.py", (repo / "dvc.yaml").read_text()
+    task.write_text(module)
+    try:
+        assert "python -m tools.deps" in guide
+        sh(sys.executable, "-m", "tools.deps", cwd=repo, env=env)
+        status = json.loads(sh(DVC, "status", "--json", cwd=repo, env=env))
+        assert set(status) == {"index"}, status
+    finally:
+        task.unlink()
+        (repo / "dvc.yaml").write_text(dvc_yaml)
+
+
 def changed_deps(repo, env, files: list[str]) -> dict[str, set[str]]:
     """``dvc status`` after a comment is added to each of ``files``: per stale stage, its changed deps. The files
     are put back afterwards."""
@@ -110,22 +131,18 @@ def check_edits_rerun_only_the_stages_that_run_them(repo, env):
 @pytest.mark.parametrize("task", ["cumsum", "multi30k", "shakespeare", "wmt14"])
 def test_a_checkpoint_is_tied_to_exactly_the_code_dvc_reruns_training_for(task):
     """Resume refuses a checkpoint when training's code changed (training_code's fingerprint); DVC reruns
-    train when its deps change. The two lists must agree: a file in the fingerprint only would throw away
-    an interrupted run's progress for an edit to, say, the report's plots; a dep only would resume a
-    model trained by other code."""
+    train when its deps change. The two must agree: a file in the fingerprint only would throw away an
+    interrupted run's progress for an edit to, say, the report's plots; a dep only would resume a model
+    trained by other code. dvc.yaml's foreach gives every task the same deps, so a dep the fingerprint lacks
+    must be one that another task's module runs."""
+    from lib.tasks import task_names
     from lib.train.identity import training_code
 
-    deps = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]["train"]["do"]["deps"]
-    code_deps = set()
-    for dep in (dep.replace("${item}", task) for dep in deps if dep.startswith(("lib/", "transformer/"))):
-        folder = ROOT / dep
-        code_deps |= {str(f.relative_to(ROOT)) for f in folder.glob("*.py")} if folder.is_dir() else {dep}
-    code = ({str(path.relative_to(ROOT)) for path in training_code(task)}
-            - {"lib/__init__.py", "transformer/__init__.py"})
-    # the stage script's helpers: its argv and params (read by lib/core/text.py; a task's fetch section through
-    # lib/data/sources.py)
-    stage_script = {"lib/stage/__init__.py", "lib/stage/cli.py", "lib/tasks/params.py", "lib/data/sources.py",
-                    "lib/core/text.py"}
-    # dvc.yaml's foreach gives every task the same deps: the translation tasks' base is one for all
-    shared = {"lib/tasks/translation.py"} - code
-    assert code - stage_script == code_deps - stage_script - shared
+    def code(name: str) -> set[str]:
+        return {path.relative_to(ROOT).as_posix() for path in training_code(name)}
+
+    deps = {dep.replace("${item}", task) for dep in
+            yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]["train"]["do"]["deps"]
+            if dep.startswith(("lib/", "stages/", "transformer/"))}
+    others = set().union(*(code(name) - {f"lib/tasks/{name}.py"} for name in task_names() if name != task))
+    assert code(task) <= deps and deps - code(task) <= others

@@ -41,7 +41,8 @@ from lib.data import tokenizer
 from lib.tasks.stages import run_tokenize
 from lib.train import averaging, seq2seq, training
 from lib.model import device as lib_device
-from lib.stage.cli import DIRECTORY, FILE, HOLDS, INPUTS, TASK_DIRECTORIES
+from lib.stage.cli import DIRECTORY, FILE, INPUTS
+from lib.tasks.outputs import HOLDS, TASK_DIRECTORIES
 from lib.core.config import ConfigError
 from lib.tasks.params import stage_config
 from lib.data.pairs import collate, read_split, read_text, token_budget_batches
@@ -963,16 +964,30 @@ def test_a_directory_is_replaced_whole_or_left_as_it_was(tmp_path, monkeypatch):
         return rename(self, target)
 
     monkeypatch.setattr(type(data), "rename", failing_rename)
-    with pytest.raises(OSError, match="no space left"), files.atomic_dir(data) as tmp:
+    with pytest.raises(OSError, match="no space left"), files.atomic_dir(data, ("*.txt",), "the prepare stage") as tmp:
         (tmp / "train.txt").write_text("the new data")
     assert [p.name for p in tmp_path.iterdir()] == ["data"]  # nothing aside, nothing half-written
     assert (data / "train.txt").read_text() == "the earlier data"
 
     monkeypatch.setattr(type(data), "rename", rename)
-    with files.atomic_dir(data) as tmp:
+    with files.atomic_dir(data, ("*.txt",), "the prepare stage") as tmp:
         (tmp / "train.txt").write_text("the new data")
     assert [p.name for p in tmp_path.iterdir()] == ["data"]
     assert (data / "train.txt").read_text() == "the new data"
+
+
+def test_a_directory_holding_what_its_writer_does_not_write_is_not_replaced(tmp_path):
+    """atomic_dir itself, under every command that writes a folder, refuses one holding anything its writer
+    does not write, naming the folder and the file, before anything is made beside it."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.txt").write_text("the earlier data")
+    (data / "thesis.txt").write_text("the user's own")
+    with pytest.raises(ValueError, match=rf"^{data}: holds thesis.txt, which the prepare stage does not write"):
+        with files.atomic_dir(data, ("train.txt", "valid.txt"), "the prepare stage") as tmp:
+            (tmp / "train.txt").write_text("the new data")
+    assert on_disk(tmp_path) == {"data": None, "data/train.txt": "the earlier data",
+                                 "data/thesis.txt": "the user's own"}
 
 
 def on_disk(root: Path) -> dict[str, str | None]:
@@ -1108,7 +1123,8 @@ def test_a_directory_set_aside_by_a_killed_run_is_put_back(tmp_path, fails):
     data, aside = tmp_path / "data", tmp_path / ".data.previous"
     aside.mkdir()
     (aside / "train.txt").write_text("the earlier data")
-    with pytest.raises(ValueError) if fails else contextlib.nullcontext(), files.atomic_dir(data) as tmp:
+    refused = pytest.raises(ValueError) if fails else contextlib.nullcontext()
+    with refused, files.atomic_dir(data, ("*.txt",), "the prepare stage") as tmp:
         if fails:
             raise ValueError("bad params")
         (tmp / "train.txt").write_text("the new data")

@@ -55,9 +55,9 @@ def check_writable(path: str | Path, directory: bool = False, option: str = ""):
 
 def check_replaceable(path: str | Path, holds: tuple[str, ...], option: str = "", writer: str = ""):
     """Raise a ValueError naming ``path`` (after ``option``, as check_writable) when it is a directory that
-    holds anything but what the ``writer`` stage writes there (``holds``: the names, as fnmatch patterns).
-    The stage replaces the directory whole (training started afresh clears it), so a mistyped path, the
-    models directory for its tokenizer/ say, would lose all the rest. Checked before the work."""
+    holds anything but what ``writer`` ("the tokenize stage", "the export") writes there (``holds``: the names,
+    as fnmatch patterns). The writer replaces the directory whole, so a mistyped path, the models directory for
+    its tokenizer/ say, would lose all the rest. Checked before the work, and again by ``atomic_dir``."""
     path = Path(path)
     if not path.is_dir():
         return
@@ -65,9 +65,9 @@ def check_replaceable(path: str | Path, holds: tuple[str, ...], option: str = ""
                     if not any(fnmatchcase(entry.name, pattern) for pattern in holds))
     if others:
         those, them = ("that", "it") if len(others) == 1 else ("those", "them")
-        raise ValueError(f"{named(path, option)}: holds {first_few(others, 4)}, which the {writer} stage does not "
-                         f"write; it replaces the directory whole, so {those} would be lost (move {them} or name "
-                         "another path)")
+        raise ValueError(f"{named(path, option)}: holds {first_few(others, 4)}, which {writer} does not write; it "
+                         f"replaces the directory whole, so {those} would be lost (move {them} or name another "
+                         "path)")
 
 
 def placed(path: str | Path, within: str | Path) -> str:
@@ -135,8 +135,11 @@ def written_together(fills: list[tuple[str | Path, Callable[[Path], None]]]):
 
 
 @contextmanager
-def atomic_dir(path: str | Path):
+def atomic_dir(path: str | Path, holds: tuple[str, ...], writer: str):
     """Yield a fresh temporary directory beside ``path``; it replaces ``path`` only on success.
+
+    ``path`` may be missing, or a directory holding only what ``writer`` writes there (``holds``, fnmatch
+    patterns: its own earlier output); one holding anything else is refused first (``check_replaceable``).
 
     The swap is two renames (the previous directory aside, the new one into place), each atomic, so a
     crash or Ctrl-C at any moment leaves one whole directory at ``path`` or aside, never a half-deleted
@@ -147,6 +150,7 @@ def atomic_dir(path: str | Path):
     previous = path.with_name(f".{path.name}.previous")
     _put_back(previous, path)  # a run killed between the two renames left it aside
     check_writable(path, directory=True)
+    check_replaceable(path, holds, writer=writer)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:

@@ -17,6 +17,7 @@ import pandas as pd
 from lib.core.config import flatten
 
 STATIC = Path(__file__).parent / "static"  # the pages' hand-written style and script
+DATA_FILES = ("static/page.css", "static/attention.js")  # read as the pages are written (lib.core.imports)
 
 
 def page(title: str, body: str, script: str = "") -> str:

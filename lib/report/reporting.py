@@ -26,6 +26,7 @@ from lib.report.pages import card_html, headline, report_html
 from lib.report.sections import dropped_section, lm_sections, seq2seq_sections
 from lib.tasks import get_task
 from lib.tasks.base import Task
+from lib.tasks.outputs import HOLDS
 from transformer.loss import smoothed_loss_floor
 
 log = logging.getLogger(__name__)
@@ -166,7 +167,7 @@ def run(task, cfg, paths: ReportPaths):
     rel = figures_dir.relative_to(report_path.parent)
     if page_path.parent.resolve() != report_path.parent.resolve():
         raise ValueError(f"--page {page_path}: not beside --out {report_path}, whose figures it shows")
-    with files.atomic_dir(figures_dir) as drawing:
+    with files.atomic_dir(figures_dir, HOLDS["report", "figures"], "the report stage") as drawing:
         report = report_lines(task, cfg, paths, drawing, rel)
         markdown = "\n".join(report.lines)
         before, after = "\n".join(report.lines[:report.view_at]), "\n".join(report.lines[report.view_at:])

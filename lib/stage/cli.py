@@ -17,9 +17,8 @@ from lib.core import signals
 from lib.core.config import ConfigError, flatten
 from lib.core.text import load_params
 from lib.core.files import check_readable, check_replaceable, check_writable, placed, written_by
-from lib.data.sources import MANIFEST
 from lib.tasks import get_task
-from lib.tasks.base import Task
+from lib.tasks.outputs import holds
 from lib.tasks.params import check_stages_after, stage_config
 
 
@@ -124,21 +123,6 @@ FILE, DIRECTORY = "file", "directory"  # what a stage reads or writes at a path
 INPUTS = {"source": (DIRECTORY, "fetch"), "data": (DIRECTORY, "prepare"), "tokenizer": (DIRECTORY, "tokenize"),
           "model": (FILE, "train"), "live": (DIRECTORY, "train"), "metrics": (FILE, "evaluate"),
           "samples": (FILE, "evaluate"), "lengths": (FILE, "evaluate")}
-# What each directory a stage writes holds (by stage and --option; fnmatch patterns): the stage replaces it
-# whole, so one holding anything else is refused. What fetch and prepare write, each task declares (``holds``).
-HOLDS = {("tokenize", "out"): ("*.json", "*.ids", "*.lengths"),
-         ("train", "checkpoints"): ("*.pt", ".*.tmp"), ("train", "live"): ("metrics.json", "plots"),
-         ("report", "figures"): ("*.png",)}
-TASK_DIRECTORIES = (("fetch", "out"), ("prepare", "out"))
-
-
-def holds(task: Task, stage: str, option: str) -> tuple[str, ...]:
-    """The fnmatch patterns of what the directory ``stage`` writes at ``--option`` holds, for ``task``."""
-    if (stage, option) == ("fetch", "out"):
-        return (MANIFEST, *task.fetched)
-    return task.prepared if (stage, option) == ("prepare", "out") else HOLDS[stage, option]
-
-
 def check_apart(paths: dict[str, str], writes: list[str]):
     """Each path a stage writes (``writes``, by option) must neither be nor hold another path it is given
     (``paths``, by option: what it reads, --params, its other outputs), their links followed: a stage
@@ -213,7 +197,8 @@ def stage_main(stage: str, reads: list[str], writes: dict[str, str], run, argv: 
         for name, kind in writes.items():
             check_writable(getattr(args, name), kind == DIRECTORY, f"--{name}")
             if kind == DIRECTORY:
-                check_replaceable(getattr(args, name), holds(get_task(args.task), stage, name), f"--{name}", stage)
+                check_replaceable(getattr(args, name), holds(get_task(args.task), stage, name), f"--{name}",
+                                  f"the {stage} stage")
         for name in reads:  # dvc repro checks them itself; a stage run by hand (under torchrun, say) here
             kind, writer = INPUTS[name]
             check_readable(getattr(args, name), kind == DIRECTORY, f"--{name}", writer)

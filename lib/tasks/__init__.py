@@ -1,6 +1,7 @@
 """The tasks, one class each (lib.tasks.base.Task): task ``<name>`` is the ``Task`` subclass named ``<name>`` in
 ``lib/tasks/<name>.py``. Loading one task imports its module alone, so a stage of one task never runs (or
-depends on) another's code; the list of every task is read from the classes when it is needed."""
+depends on) another's code; the index stage alone loads every listed task, and the list of every task is read
+from the classes when it is needed (a name not found)."""
 
 import importlib
 import pkgutil

@@ -9,7 +9,7 @@ from lib.tasks import get_task
 def stage_config(params: dict, task: str, stage: str):
     """The frozen config of ``stage`` for ``task``, validated."""
     chosen = get_task(task)  # an unknown task name fails first
-    tasks = check_tasks(params)
+    tasks = listed_tasks(params)  # the others' names: the index stage checks them, importing each
     if task not in tasks:
         raise ConfigError(f"tasks: {task!r} is not listed in tasks ({tasks!r})")
     section = params.get(task)
@@ -19,14 +19,20 @@ def stage_config(params: dict, task: str, stage: str):
     return from_dict(cls, section[stage], f"{task}.{stage}")
 
 
-def check_tasks(params: dict) -> list[str]:
-    """params.yaml's ``tasks``: a list of known task names, at least one, each once. A misspelt name would stop
-    `dvc repro` at its stages' missing params: said here, by the first stage that runs."""
+def listed_tasks(params: dict) -> list:
+    """params.yaml's ``tasks``, a list of at least one name, unchecked: a stage of one task runs no other's code."""
     tasks = params.get("tasks")
     if not isinstance(tasks, list):
         raise ConfigError(f"tasks: expected a list of task names (tasks: [cumsum]), got {tasks!r}")
     if not tasks:
         raise ConfigError("tasks: empty, so `dvc repro` builds nothing; list a task or more (tasks: [cumsum])")
+    return tasks
+
+
+def check_tasks(params: dict) -> list[str]:
+    """params.yaml's ``tasks``: a list of known task names, at least one, each once. A misspelt name would stop
+    `dvc repro` at its stages' missing params: said here, by the index stage, the first that runs."""
+    tasks = listed_tasks(params)
     for name in tasks:
         get_task(name)  # a misspelt name is named here
     if len(set(tasks)) < len(tasks):

@@ -9,21 +9,24 @@ from lib.core.files import atomic_dir
 from lib.data.sources import write_manifest
 from lib.data.tokenizer import EOS, JOINT, SOURCE, TARGET, Tokenizers, special_ids, train_tokenizer, write_splits
 from lib.tasks import get_task
+from lib.tasks.outputs import holds
 
 
 def run_fetch(task: str, cfg, out_dir: str | Path):
     """The task's source files and their manifest into a fresh directory, replacing ``out_dir`` only when all
     are in: a failed or cut download leaves the last whole one, or nothing."""
-    with atomic_dir(out_dir) as tmp:
-        files = get_task(task).fetch(cfg, tmp)
+    chosen = get_task(task)
+    with atomic_dir(out_dir, holds(chosen, "fetch", "out"), "the fetch stage") as tmp:
+        files = chosen.fetch(cfg, tmp)
         write_manifest(tmp, getattr(cfg, "source", "none: the prepare stage makes the data"), files)
 
 
 def run_prepare(task: str, cfg, out_dir: str | Path, source_dir: str | Path | None = None):
     """Write the task's data, from the files fetch put in ``source_dir``, into a fresh directory, replacing
     ``out_dir`` only when complete."""
-    with atomic_dir(out_dir) as tmp:
-        get_task(task).prepare(cfg, tmp, None if source_dir is None else Path(source_dir))
+    chosen = get_task(task)
+    with atomic_dir(out_dir, holds(chosen, "prepare", "out"), "the prepare stage") as tmp:
+        chosen.prepare(cfg, tmp, None if source_dir is None else Path(source_dir))
 
 
 def run_tokenize(task: str, cfg: TokenizeConfig, data_dir: str | Path, out_dir: str | Path) -> Tokenizers:
@@ -43,7 +46,7 @@ def run_tokenize(task: str, cfg: TokenizeConfig, data_dir: str | Path, out_dir: 
     if cfg.source_eos:
         eos = (EOS, tokenizers.source.token_to_id(EOS))
         tokenizers.source.post_processor = processors.TemplateProcessing(single=f"$A {EOS}", special_tokens=[eos])
-    with atomic_dir(out_dir) as tmp:
+    with atomic_dir(out_dir, holds(chosen, "tokenize", "out"), "the tokenize stage") as tmp:
         for name, tokenizer in files.items():
             tokenizer.save(str(tmp / name))
         if chosen.token_store:  # a corpus of millions: its ids written once, for train to map

@@ -29,13 +29,16 @@ from lib.tasks import get_task, task_names
 from transformer.model import parameter_counts
 
 TOKENIZER_FILES = ("tokenizer.json", "source.json", "target.json")  # not the token store's ids beside them
+CARD = "README.md"
+# What an export writes: a folder holding anything else is refused, not replaced (a mistyped --out)
+WRITES = (exported.WEIGHTS, exported.CONFIG, "tokenizer", GENERATION_FILE, CARD)
 
 
 def export(task: str, models: Path, metrics: Path | None, out: Path):
     """``models`` (model.pt, tokenizer/, generation.json) as the folder ``out``, written whole or not at all."""
     model, tokenizers, state = checkpoint.load_directory(models, task=task)  # model.pt, as training wrote it
     scores = json.loads(metrics.read_text()) if metrics and metrics.is_file() else {}
-    with atomic_dir(out) as folder:
+    with atomic_dir(out, WRITES, "the export") as folder:
         exported.write(model, state, asdict(special_ids(tokenizers)), folder)
         (folder / "tokenizer").mkdir()
         for name in TOKENIZER_FILES:
@@ -43,7 +46,7 @@ def export(task: str, models: Path, metrics: Path | None, out: Path):
                 shutil.copyfile(models / "tokenizer" / name, folder / "tokenizer" / name)
         if (models / GENERATION_FILE).is_file():
             shutil.copyfile(models / GENERATION_FILE, folder / GENERATION_FILE)
-        (folder / "README.md").write_text(card(task, model, state, scores))
+        (folder / CARD).write_text(card(task, model, state, scores))
 
 
 def card(task: str, model, state: dict, metrics: dict) -> str:

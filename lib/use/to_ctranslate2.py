@@ -22,6 +22,8 @@ from lib.evaluate.options import GENERATION_FILE
 from lib.model import checkpoint
 
 OPTIONS_FILE = "translate_options.json"
+# What CTranslate2's spec.save writes, and the options: a folder holding anything else is refused, not replaced
+WRITES = ("model.bin", "config.json", "*vocabulary.json", "*vocabulary.txt", OPTIONS_FILE)
 
 
 def unsupported(kind: str, cfg, alpha: float) -> list[str]:
@@ -144,7 +146,7 @@ def export(task: str, models: Path, out: Path, alpha: float | None = None):
     spec = model_spec(model, tokenizers)
     spec.validate()  # as CTranslate2's own converters do: every weight set, of the shape its layer takes
     spec.optimize()  # the weights as it stores them (float32: int8 is CTranslate2's choice when loading)
-    with atomic_dir(out) as folder:
+    with atomic_dir(out, WRITES, "the CTranslate2 export") as folder:
         spec.save(str(folder))
         (folder / OPTIONS_FILE).write_text(json.dumps(translate_options(generation, model.cfg.max_len), indent=1)
                                            + "\n")
