@@ -66,7 +66,8 @@ def trainer(built, out: Path, params: Path) -> subprocess.Popen:
 @pytest.mark.slow
 def test_a_second_trainer_on_the_same_paths_stops_at_once(tmp_path, built, tiny_params):
     """An orphaned trainer and the one a fresh `dvc repro` started wrote the same curves, interleaved. The
-    second now stops at once, naming the first; the first's curves are a lone run's."""
+    second is now refused before it trains, naming the first; the first's curves are a lone run's. (What
+    happened is asserted, not how fast: importing torch alone takes seconds on a slow machine under load.)"""
     tiny_params["cumsum"]["train"]["epochs"] = 12
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump(tiny_params))
@@ -75,10 +76,9 @@ def test_a_second_trainer_on_the_same_paths_stops_at_once(tmp_path, built, tiny_
     deadline = time.monotonic() + 60
     while not (lock.is_file() and lock.read_text().strip() == str(first.pid)) and time.monotonic() < deadline:
         time.sleep(0.05)
-    started = time.monotonic()
     second = subprocess.run([sys.executable, "-m", "stages.train", *stage_argv(built, tmp_path / "run", params)],
                             cwd=ROOT, capture_output=True, text=True)
-    assert time.monotonic() - started < 5 and second.returncode == 2
+    assert second.returncode == 2
     assert second.stderr.strip().splitlines()[-1] == (
         f"train@cumsum: error: {tmp_path / 'run' / 'ckpt'}: another process (PID {first.pid}) is writing there; "
         f"wait for it to finish, or stop it (kill {first.pid})")

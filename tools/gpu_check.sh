@@ -22,7 +22,8 @@
 # WORK, a scratch directory (/tmp/gpu_check); COMPILE=1 trains compiled (on an H200 compiling took 3 of
 # 2.5 minutes, for 4% more tokens/s: the loss reached then measures nothing);
 # DEVICE=cpu MINUTES=0.1 D_MODEL=64 MAX_TOKENS=2048 runs the same steps on a CPU, a dry run of the
-# script itself (its compiled step compiles C++ there: minutes).
+# script itself, in seconds: fp32 (bf16 is emulated on most CPUs), two steps, small products for the peak
+# and a small stand-in for the base model (its compiled step compiles C++ there: minutes).
 set -euo pipefail
 PYTHON=${PYTHON:-python3}
 WORK=${WORK:-/tmp/gpu_check}
@@ -116,7 +117,7 @@ params = load_params("params.yaml")
 params["tasks"] = ["multi30k"]
 m = params["multi30k"]
 m["fetch"]["source"] = source
-m["train"].update(device=device, precision="bf16", epochs=1000, time_budget_minutes=float(minutes), patience=0,
+m["train"].update(device=device, precision="bf16" if device == "cuda" else "fp32", epochs=1000, time_budget_minutes=float(minutes), patience=0,
                   max_tokens=int(max_tokens), peak_tflops=float(peak), checkpoint_every=100_000,
                   compile=compile_ == "1")
 m["train"]["model"].update(d_model=int(d_model), n_heads=8, d_ff=4 * int(d_model))
@@ -131,11 +132,11 @@ write_params "$COMPILE"
 # The eager step alone at a quarter of, at and at twice the train stage's batch: how MFU moves with
 # the batch (launch-bound when it rises with it, bound by the kernels themselves when it does not),
 # and a profile of each: which kernels the time goes to, and the products' own rate.
-steps=10 rounds=2 profile=3
-[ "$DEVICE" = cpu ] && steps=2 rounds=1 profile=1
+steps=10 rounds=2 profile=3 precision=bf16 square=0
+[ "$DEVICE" = cpu ] && steps=2 rounds=1 profile=1 precision=fp32 square=256
 throughput() {
   PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" tools/train_throughput.py --device "$DEVICE" \
-    --precision bf16 --d-model "$D_MODEL" --d-ff $((4 * D_MODEL)) --heads 8 --layers "$LAYERS" --dropout 0.2 \
+    --precision $precision --square $square --d-model "$D_MODEL" --d-ff $((4 * D_MODEL)) --heads 8 --layers "$LAYERS" --dropout 0.2 \
     --activation-dropout 0 --steps $steps --rounds $rounds --profile $profile --data "$WORK/data" \
     --tokenizer "$WORK/tokenizer" "$@"
 }
@@ -154,10 +155,11 @@ fi
 # 37,000-token vocabulary), ours alone, on random ids of WMT14-like lengths batched as wmt14's are (about
 # 25,000 real tokens a side a step): its rate, MFU and peak memory, and the hours its 100,000 steps would
 # take. A CPU's run is a smoke test: a small batch and vocabulary.
-base_tokens=25000 base_vocab=37000
-[ "$DEVICE" = cpu ] && base_tokens=256 base_vocab=1000
+base_tokens=25000 base_vocab=37000 base_width=512 base_layers=6
+[ "$DEVICE" = cpu ] && base_tokens=256 base_vocab=1000 base_width=64 base_layers=1
 PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" tools/train_throughput.py --device "$DEVICE" \
-  --precision bf16 --d-model 512 --d-ff 2048 --heads 8 --layers 6 --dropout 0.1 --activation-dropout 0 \
+  --precision $precision --square $square --d-model $base_width --d-ff $((4 * base_width)) --heads 8 \
+  --layers $base_layers --dropout 0.1 --activation-dropout 0 \
   --steps $steps --rounds $rounds --models ours --max-tokens $base_tokens --synthetic-vocab $base_vocab \
   | tee "$WORK/base.jsonl"
 

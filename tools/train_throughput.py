@@ -279,6 +279,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--synthetic-vocab", type=checked(int, lambda n: n >= 0, "0 or more"), default=0,
                         metavar="V", help="random ids of WMT14-like lengths from a V-token vocabulary, batched by "
                         "real tokens, in place of multi30k's batches (0: multi30k's)")
+    parser.add_argument("--square", type=checked(int, lambda n: n >= 0, "0 or more"), default=0, metavar="N",
+                        help="the peak from N x N products alone (a dry run's: small and quick); 0: the sizes "
+                             "that reach the device's peak")
     parser.add_argument("--data", type=Path, default=ROOT / "data" / "multi30k", help="the prepared multi30k data")
     parser.add_argument("--tokenizer", type=Path, default=ROOT / "models" / "multi30k" / "tokenizer")
     return parser.parse_args()
@@ -320,7 +323,8 @@ def measure(args: argparse.Namespace, cfg: ModelConfig, batches: list[Batch], id
     flops = sum(batch_flops)
     batches = [b.to(device) for b in batches]
     dtype = PRECISION_DTYPES[args.precision]
-    n = square_sizes(device, dtype)[-1]
+    sizes = (args.square,) if args.square else square_sizes(device, dtype)
+    n = sizes[-1]
     square = torch.randn(n, n, dtype=dtype, device=device), torch.randn(n, n, dtype=dtype, device=device)
     rounds, peaks, paired = {name: [] for name in models}, [], {name: [] for name in models}
     for round_ in range(args.rounds + 1):  # round 0 warms up
@@ -336,7 +340,7 @@ def measure(args: argparse.Namespace, cfg: ModelConfig, batches: list[Batch], id
                 if round_:
                     peak_now = max(product_rate(*layout(*square)) for layout in LAYOUTS)  # right after the step
                     paired[name].append(step_flops / seconds / peak_now)
-        peak = matmul_peak(dtype, device, repeats=3)
+        peak = matmul_peak(dtype, device, repeats=3, sizes=sizes)
         if round_:
             peaks.append(peak)
             for name, s in round_seconds.items():

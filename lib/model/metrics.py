@@ -106,11 +106,11 @@ PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 LAYOUTS = (lambda a, b: (a, b.T), lambda a, b: (a, b), lambda a, b: (a.T, b))
 
 
-def matmul_peak(dtype: torch.dtype, device: torch.device, repeats: int = 6) -> float:
+def matmul_peak(dtype: torch.dtype, device: torch.device, repeats: int = 6, sizes: tuple[int, ...] = ()) -> float:
     """The best FLOP/s of square matmuls on this machine, in the given precision: ``repeats`` times four
-    products a size, taking the layouts (``LAYOUTS``) in turn."""
+    products a size (``sizes``, default ``square_sizes``), taking the layouts (``LAYOUTS``) in turn."""
     best = 0.0
-    for n in square_sizes(device, dtype):
+    for n in sizes or square_sizes(device, dtype):
         a, b = torch.randn(n, n, dtype=dtype, device=device), torch.randn(n, n, dtype=dtype, device=device)
         for layout in LAYOUTS:
             product_rate(*layout(a, b))  # warm-up
