@@ -116,7 +116,7 @@ STAGE_CASES = [
     ("tokenize", "cumsum.tokenize", "kind", "bpe", "cumsum.tokenize.vocab_size: bpe needs a vocab_size above"),
     ("train", "", "tasks", ["cumsum", "cumsun"], "tasks: 'cumsum' is not listed"),
     ("train", "cumsum.train", "too_long", "truncate", "cumsum.train.too_long: 'truncate' is not one of fail, skip"),
-    ("evaluate", "cumsum.evaluate", "beam_size", 0, "cumsum.evaluate.beam_size: must be >= 1"),
+    ("evaluate", "cumsum.evaluate", "beam_size", 0, "cumsum.evaluate.beam_size: 0: must be in [1, 1000] (1: greedy)"),
     ("train", "cumsum.train", "clip_norm", -1.0, "cumsum.train.clip_norm: must be >= 0 (0: no clipping)"),
     ("train", "cumsum.train", "batch_unit", "tokens", "cumsum.train.batch_unit: 'tokens' is not one of padded, real"),
     ("train", "cumsum.train", "average", "best", "cumsum.train.average: 'best' is not one of if_better, always"),
@@ -227,7 +227,7 @@ LM_PARAMS = {"fetch": {"source": "no/such/input.txt"}, "prepare": {"train_fracti
 
 @pytest.mark.parametrize("task, stage, section, key, value, message", [
     ("cumsum", "prepare", "cumsum.evaluate", "beam_size", 0,
-     "cumsum.evaluate.beam_size: must be >= 1 (1: greedy search only) (found before prepare starts: each stage "
+     "cumsum.evaluate.beam_size: 0: must be in [1, 1000] (1: greedy) (found before prepare starts: each stage "
      "checks the params of those after it)"),
     ("cumsum", "tokenize", "cumsum.report", "n_attention_examples", 0, "cumsum.report.n_attention_examples: must "
      "be > 0 (found before tokenize starts"),

@@ -15,7 +15,8 @@ from werkzeug.serving import make_server
 
 from tools.serve_load import hammer
 from lib.use import generate, inference
-from lib.use.serve import MOST_BEAM, MOST_BODY, MOST_CHARS, create_app
+from lib.use.request_fields import MOST_CHARS
+from lib.use.serve import MOST_BEAM, MOST_BODY, create_app
 from tests.test_lm import lm_built, models_dir  # noqa: F401 (fixtures: the tiny LM)
 from tests.test_report_page import Visit, browser  # noqa: F401 (the headless Chromium, a fixture)
 from tests.test_stages import built  # noqa: F401 (the tiny cumsum pipeline, a fixture)
@@ -41,6 +42,40 @@ def test_health_and_info(client, built):
     assert info["task"] == "cumsum" and info["kind"] == "seq2seq"
     assert info["metrics"] == json.loads(built["metrics"].read_text())
     assert info["trained_with"]["model_config"]["d_model"] == 16 and "step" in info["trained_with"]
+
+
+def test_a_model_evaluated_past_a_served_bound_is_served_at_the_bound(models, built, tmp_path, tiny_params):
+    """evaluate.beam_size 32 is a valid param (the schema's range), and the model's generation.json then says 32,
+    past the server's 16: a request that leaves beam_size out gets 16 and a note, never a 400 every time."""
+    from lib.evaluate.options import write_defaults
+    from lib.tasks.params import stage_config
+
+    tiny_params["cumsum"]["evaluate"]["beam_size"] = 32
+    directory = tmp_path / "cumsum"
+    shutil.copytree(models, directory)
+    write_defaults(directory / "generation.json", stage_config(tiny_params, "cumsum", "evaluate"))
+    client = create_app("cumsum", directory, built["metrics"]).test_client()
+    reply = client.post("/api/translate", json={"text": "1 2 3"})
+    assert reply.status_code == 200, reply.json
+    expected = inference.load(directory).translate(["1 2 3"], beam_size=MOST_BEAM)[0]
+    assert reply.json["translation"] == expected
+    info = client.get("/api/info").json
+    assert info["decodes_with"]["beam_size"] == MOST_BEAM
+    assert info["notes"] == [f"beam_size: the model's default 32 (its evaluate stage's) is past the server's bound "
+                             f"{MOST_BEAM}; a request that leaves beam_size out gets {MOST_BEAM}"]
+
+
+def test_an_out_of_range_option_is_said_alike_by_params_and_by_the_schema(models, tiny_params):
+    from lib.core.config import ConfigError
+    from lib.tasks.params import stage_config
+
+    tiny_params["cumsum"]["evaluate"]["beam_size"] = 2000
+    with pytest.raises(ConfigError) as by_params:
+        stage_config(tiny_params, "cumsum", "evaluate")
+    with pytest.raises(ValueError) as by_schema:
+        inference.load(models).translate(["1 2"], beam_size=2000)
+    said = "2000: must be in [1, 1000] (1: greedy)"
+    assert str(by_params.value) == f"cumsum.evaluate.beam_size: {said}" and str(by_schema.value) == f"beam_size {said}"
 
 
 def test_a_translation_equals_lib_generates_alone_and_as_a_batch(client, models, tmp_path):

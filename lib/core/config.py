@@ -13,6 +13,7 @@ import math
 import types
 import typing
 
+from lib.core.options import within_schema
 from transformer.config import ConfigError, ModelConfig, choose, require  # noqa: F401 (the model's own section)
 
 
@@ -234,13 +235,9 @@ class LMEvaluateConfig:
     top_p: float = 1.0  # sample among the likeliest tokens whose probabilities reach p (nucleus); 1 = all
 
     def __post_init__(self):
-        check_seed(self.seed)
         require(len(self.prompts) > 0, "prompts", "needs at least one prompt")
         require(all(self.prompts), "prompts", "an empty prompt leaves the model nothing to continue")
-        require(self.max_new_tokens > 0, "max_new_tokens", "must be > 0")
-        require(self.temperature > 0, "temperature", "must be > 0")
-        require(self.top_k >= 0, "top_k", "must be >= 0")
-        require(0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
+        within_schema(self, ("max_new_tokens", "temperature", "top_k", "seed", "top_p"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -253,11 +250,8 @@ class EvaluateConfig:
     device: str = "auto"  # where the model decodes and scores: auto (the GPU when there is one), cpu, cuda or mps
 
     def __post_init__(self):
-        require(self.max_tokens > 0, "max_tokens", "must be > 0")
-        require(self.max_extra_tokens >= 0, "max_extra_tokens", "must be >= 0")
+        within_schema(self, ("max_tokens", "max_extra_tokens", "beam_size", "alpha"))
         require(self.n_samples > 0, "n_samples", "must be > 0")
-        require(self.beam_size >= 1, "beam_size", "must be >= 1 (1: greedy search only)")
-        require(self.alpha >= 0, "alpha", "must be >= 0")
         choose(self.device, "device", ("auto", "cpu", "cuda", "mps"))
 
 

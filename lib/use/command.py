@@ -5,7 +5,8 @@ import os
 from pathlib import Path
 
 from lib.core import files
-from lib.evaluate.options import GENERATION_FILE, model_defaults, problems
+from lib.core.options import family_options, problems
+from lib.evaluate.options import GENERATION_FILE, model_defaults
 from lib.tasks import task_names
 from lib.use.attention_figures import FIGURE_FILES, LM_ATTENTION_TOKENS, is_a_figure
 
@@ -16,8 +17,8 @@ AS_EVALUATED = "as the evaluate stage decoded (the model's generation.json)"
 SAMPLE_SEPARATOR = "-" * 15  # between an LM's samples, as nanoGPT's sample.py prints them
 
 # The options of each kind of task; given for the other kind, they are an error rather than ignored.
-TRANSLATION_OPTIONS = ("input", "beam_size", "alpha", "max_extra_tokens", "max_tokens", "n_best")
-LM_OPTIONS = ("prompt", "max_new_tokens", "temperature", "top_k", "top_p", "seed", "num_samples")
+TRANSLATION_OPTIONS = ("input", *family_options("seq2seq"))
+LM_OPTIONS = ("prompt", *family_options("lm"))
 # What steers a search or sampling: an error with --score, which generates nothing.
 GENERATION_OPTIONS = {"seq2seq": ("beam_size", "max_extra_tokens", "n_best"), "lm": LM_OPTIONS}
 

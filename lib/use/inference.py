@@ -32,7 +32,8 @@ from lib.data.pairs import Pairs, collate
 from transformer.sampling import sampled
 from lib.core.distributed import device_named
 from lib.evaluate.evaluation import text_metrics
-from lib.evaluate.options import OPTIONS, check, model_defaults, or_default, schema_defaults
+from lib.core.options import OPTIONS, check, or_default, schema_defaults
+from lib.evaluate.options import model_defaults
 from lib.report.attention_maps import attention_maps, token_strings
 from lib.use.lines import (Attention, Output, as_list, by_index, outputs_of, score_lines, text_of, texts_of,
                            translate_lines)
@@ -45,7 +46,7 @@ def _warn(messages: list[str], what: str):
 
 class Translator:
     """A seq2seq model and its tokenizers. ``defaults``: the options a method left unset takes (by default the
-    schema's, lib.evaluate.options; ``load`` gives those the evaluate stage decoded with), ``max_tokens`` among
+    schema's, lib.core.options; ``load`` gives those the evaluate stage decoded with), ``max_tokens`` among
     them: the token budget of a batch of sources."""
 
     def __init__(self, model, tokenizers, max_tokens: int | None = None, defaults: dict | None = None):

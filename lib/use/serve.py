@@ -21,9 +21,7 @@ every core, so requests side by side would only share them, each slower. The ser
 import argparse
 import json
 import logging
-import re
 import threading
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,8 +29,9 @@ import torch
 from flask import Flask, Response, current_app, jsonify, request
 from werkzeug.exceptions import HTTPException, NotFound
 
-from lib.evaluate.options import OPTIONS
+from lib.core.options import OPTIONS, family_options, served_defaults
 from lib.use import inference
+from lib.use.request_fields import BadRequest, body_of, checked, flag, option, text
 from lib.report.attention_view import served_view
 from lib.report.pages import STATIC, attention_view, page
 from lib.tasks import task_names
@@ -40,16 +39,8 @@ from lib.tasks import task_names
 log = logging.getLogger(__name__)
 
 # What a request may ask, at most: the input read and the body's bytes (the options' bounds are the schema's).
-MOST_CHARS, MOST_TEXTS, MOST_BODY = 2000, 64, 256 * 1024
+MOST_TEXTS, MOST_BODY = 64, 256 * 1024
 MOST_BEAM = OPTIONS["beam_size"].served_high
-
-
-class BadRequest(ValueError):
-    """A field of the request that cannot be used: a 400 naming it."""
-
-    def __init__(self, field: str, message: str):
-        super().__init__(f"{field}: {message}")
-        self.field = field
 
 
 @dataclass
@@ -59,6 +50,8 @@ class Served:
     task: str
     model: inference.Translator | inference.LanguageModel
     metrics: Path | None
+    defaults: dict  # the model's, each within the server's bounds (lib.core.options.served_defaults)
+    notes: list[str]  # a default brought down to a bound, said in /api/info and logged at start
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -68,65 +61,6 @@ class Served:
 
 def served() -> Served:
     return current_app.extensions["served"]
-
-
-def option(body: dict, name: str, default=None):
-    """The request's value of a generation option (lib.evaluate.options), within the server's bounds; the model's
-    default where the body leaves it out."""
-    value = body.get(name, served().model.defaults[name] if default is None else default)
-    if problem := OPTIONS[name].problem(value, served=True):
-        raise BadRequest(name, f"{name} {problem}")
-    return value
-
-
-def flag(body: dict, name: str) -> bool:
-    value = body.get(name, False)
-    if not isinstance(value, bool):
-        raise BadRequest(name, f"{value!r} is not true or false")
-    return value
-
-
-def text(value, name: str) -> str:
-    if not isinstance(value, str):
-        raise BadRequest(name, f"{value!r} is not a string")
-    if not value.strip():
-        raise BadRequest(name, "empty")
-    if len(value) > MOST_CHARS:
-        raise BadRequest(name, f"{len(value)} characters; at most {MOST_CHARS}")
-    return value
-
-
-def body_of(fields: set[str], required: str) -> dict:
-    """The request's JSON object, with only ``fields`` and at least ``required``."""
-    body = request.get_json(silent=True)
-    if not isinstance(body, dict):
-        raise BadRequest("body", "not a JSON object (send Content-Type: application/json)")
-    if unknown := sorted(set(body) - fields):
-        raise BadRequest(unknown[0], f"unknown field (known: {', '.join(sorted(fields))})")
-    if required not in body:
-        raise BadRequest(required, "missing")
-    return body
-
-
-def checked(work, name: str, one: bool = True):
-    """``work()``, with its warnings (a word read as <unk>, a text past max_len) returned beside the result, each
-    naming the request's field ``name`` (``name[i]``: the i-th of a list, unless ``one``). Every option is checked
-    before it runs, so what the model refuses is the text it was given: a 400 naming ``name``."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            result = work()
-        except (ValueError, TypeError) as err:
-            raise BadRequest(name, str(err)) from None
-    return result, [as_requested(str(w.message), name, one) for w in caught]
-
-
-def as_requested(message: str, name: str, one: bool) -> str:
-    """A warning of lib.use.inference as the request names things: the Python method's name dropped
-    ("n_best: "), its argument ("sentences[0]") the request's field."""
-    message = re.sub(r"^\w+: ", "", message, count=1)
-    return re.sub(r"^(sentences|prompt|text)(\[(\d+)\])?",
-                  lambda m: name if one or m.group(3) is None else f"{name}[{m.group(3)}]", message, count=1)
 
 
 def only(kind_lm: bool, route: str):
@@ -156,12 +90,13 @@ def info():
     state, shown = served(), served().metrics
     return jsonify(task=state.task, kind="lm" if state.lm else "seq2seq",
                    trained_with=json.loads(json.dumps(state.model.state, default=str)),
-                   decodes_with={name: state.model.defaults[name] for name in (LM if state.lm else TRANSLATION)},
+                   decodes_with={name: state.defaults[name] for name in (LM if state.lm else TRANSLATION)},
+                   notes=state.notes,
                    metrics=json.loads(shown.read_text()) if shown and shown.is_file() else None)
 
 
-TRANSLATION = ("beam_size", "alpha", "n_best")  # the options /api/translate takes
-LM = ("max_new_tokens", "temperature", "top_k", "top_p", "seed")  # and /api/generate
+TRANSLATION = family_options("seq2seq", served=True)  # the options /api/translate takes
+LM = family_options("lm", served=True)  # and /api/generate
 
 
 def translate():
@@ -173,7 +108,9 @@ def translate():
     if not isinstance(texts, list) or not 1 <= len(texts) <= MOST_TEXTS:
         raise BadRequest("text", f"a string, or a list of 1 to {MOST_TEXTS} strings")
     texts = [text(value, "text") for value in texts]
-    beam_size, alpha, n_best = option(body, "beam_size"), option(body, "alpha"), option(body, "n_best", 1)
+    defaults = served().defaults
+    beam_size, alpha = option(body, "beam_size", defaults["beam_size"]), option(body, "alpha", defaults["alpha"])
+    n_best = option(body, "n_best", 1)
     if n_best > beam_size:
         raise BadRequest("n_best", f"n_best {n_best}: must be in [1, beam_size {beam_size}]")
     shown, model = flag(body, "attention"), served().model
@@ -198,7 +135,7 @@ def generate():
     only(True, "/api/generate")
     body = body_of({"prompt", "stream", *LM}, "prompt")
     prompt = text(body["prompt"], "prompt")
-    options = {name: option(body, name) for name in LM}
+    options = {name: option(body, name, served().defaults[name]) for name in LM}
     state = served()
     if not flag(body, "stream"):
         with state.lock, torch.inference_mode():
@@ -234,8 +171,11 @@ def create_app(task: str, models: str | Path, metrics: str | Path | None = None)
     model = inference.load(models, task=task)
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = MOST_BODY
-    app.extensions["served"] = Served(task, model, Path(metrics) if metrics else None)
-    app.extensions["page"] = app_page(task, isinstance(model, inference.LanguageModel), model.defaults)
+    defaults, notes = served_defaults(model.defaults)
+    for note in notes:
+        log.warning("%s", note)
+    app.extensions["served"] = Served(task, model, Path(metrics) if metrics else None, defaults, notes)
+    app.extensions["page"] = app_page(task, isinstance(model, inference.LanguageModel), defaults)
     app.register_error_handler(BadRequest, bad_request)
     app.register_error_handler(HTTPException, http_error)
     app.register_error_handler(Exception, unforeseen)
