@@ -387,3 +387,19 @@ def test_a_data_directory_without_its_splits_is_named(tmp_path, tiny_params):
     assert result.stderr == (f"tokenize@cumsum: error: {tmp_path / 'elsewhere' / 'train.parquet'}: split not found "
                              "(run the prepare stage first)\n")
     assert not (tmp_path / "tok").exists()
+
+
+@pytest.mark.parametrize("declared, said", [
+    ({"name": "reverse"}, "lib.tasks.cumsum.Wrong: name 'reverse' differs from its file lib/tasks/cumsum.py"),
+    ({"name": "cumsum", "valid_metric": "bleu"},
+     "lib.tasks.cumsum.Wrong: valid_metric 'bleu' is not among its scores (exact_match)"),
+    ({"name": "cumsum", "headline": ("greedy.exact_match", "greedy.blue")},
+     "lib.tasks.cumsum.Wrong: headline 'greedy.blue' matches none of the metrics its evaluate stage writes (n_test, "),
+])
+def test_a_tasks_hooks_are_checked_as_its_class_is_defined(declared, said):
+    """A misspelt hook fails at import, naming the task and the hook, not later as nothing shown or "unknown"."""
+    from lib.tasks.base import Task
+
+    with pytest.raises(ConfigError) as raised:
+        type("Wrong", (Task,), {"__module__": "lib.tasks.cumsum", **declared})
+    assert str(raised.value).startswith(said)

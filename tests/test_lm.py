@@ -766,3 +766,9 @@ def test_generate_stops_quietly_when_the_reader_of_stdout_does(tmp_path, lm_buil
     assert process.stdout.read(10).startswith(b"RO")
     process.stdout.close()
     assert process.wait(timeout=120) == 1 and process.stderr.read() == b""
+
+
+def test_every_metric_the_lm_declares_is_one_evaluate_writes(lm_built):
+    from lib.tasks.shakespeare import Shakespeare
+
+    assert set(Shakespeare.metric_names()) == set(json.loads(lm_built["metrics"].read_text()))

@@ -21,7 +21,6 @@ import yaml
 
 from lib.model import checkpoint
 from lib.evaluate import by_length, evaluation
-from lib.evaluate.sentence_scores import SENTENCE_SCORES
 from lib.evaluate.evaluation import EvaluatePaths
 from lib.model import losses
 from lib.report.reporting import ReportPaths
@@ -278,7 +277,7 @@ def test_bleu_and_chrf_on_a_known_example():
     assert scores["bleu"] == pytest.approx(100 * (1 / 12) ** 0.25, abs=1e-6)
     assert "tok:13a" in scores["bleu_signature"] and "case:mixed" in scores["bleu_signature"]
     assert multi30k.Multi30k().score(["A dog."], ["A dog."])["chrf"] == pytest.approx(100.0)
-    assert SENTENCE_SCORES[multi30k.Multi30k.sentence_score]("a b c d", "a b c d") == pytest.approx(100.0)
+    assert multi30k.Multi30k().sentence_score("a b c d", "a b c d") == pytest.approx(100.0)
 
 
 def test_bleu_by_source_length_groups_sentences_by_their_words():

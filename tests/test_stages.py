@@ -1737,3 +1737,15 @@ def test_progress_bars_at_a_terminal_plain_epoch_lines_in_a_log(tmp_path, built,
     os.close(main)
     assert shown.wait(timeout=60) == 0
     assert b"\repoch 1/2:" in seen and b"it/s" in seen
+
+
+def test_every_metric_a_task_declares_is_one_evaluate_writes(built):
+    """Task.metric_names(), which the headline patterns are checked against, is what the evaluate stage writes:
+    cumsum's, with its length study (the LM's in tests/test_lm.py)."""
+    from fnmatch import fnmatchcase
+
+    from lib.core.config import flatten
+
+    written = flatten(json.loads(built["metrics"].read_text()))
+    unwritten = [name for name in cumsum.Cumsum.metric_names() if not any(fnmatchcase(key, name) for key in written)]
+    assert unwritten == ["beam*.exact_match", "beam*.token_accuracy"]  # the tiny params decode greedily only

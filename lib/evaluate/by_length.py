@@ -25,7 +25,7 @@ def score_by_source_length(task: Task, sources: list[str], hypotheses: list[str]
     """The task's validation score (multi30k's BLEU) of the greedy test outputs by the source's length in words,
     where longer sentences lose: a row per LENGTH_GROUPS group that holds a sentence (group, its shortest length,
     sentences, the score)."""
-    name = task.valid_score or "exact_match"
+    name = task.valid_metric or "exact_match"
     groups = pd.DataFrame({"group": [length_group(s) for s in sources], "hyp": hypotheses, "ref": references})
     rows = [{"group": group, "length": int(group[:2]), "sentences": len(rows),
              name: task.score(rows["hyp"].tolist(), rows["ref"].tolist())[name]}

@@ -26,7 +26,6 @@ from lib.core.files import atomic_path
 from transformer.greedy import Hypothesis, check_alpha
 from transformer.sampling import sampled
 from lib.evaluate.options import write_defaults
-from lib.evaluate.sentence_scores import SENTENCE_SCORES
 from lib.evaluate.decode import cut_to_fit, score_outputs, translate_n_best
 from lib.model.translate import greedy_translate
 from lib.model.metrics import perplexity
@@ -151,7 +150,7 @@ def evaluate_seq2seq(task, cfg: EvaluateConfig, paths: EvaluatePaths):
 
 def sample_rows(chosen: Task, split: str, frame: pd.DataFrame, hypotheses: list[str]) -> pd.DataFrame:
     """samples.jsonl's rows for one split: each source with its reference and greedy output, scored."""
-    references, scored = frame["tgt"].tolist(), SENTENCE_SCORES[chosen.sentence_score]
+    references, scored = frame["tgt"].tolist(), chosen.sentence_score
     return pd.DataFrame({
         "split": split, "source": frame["src"].tolist(), "reference": references, "greedy": hypotheses,
         "correct": [h == r for h, r in zip(hypotheses, references)],

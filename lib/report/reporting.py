@@ -190,10 +190,10 @@ class Report(NamedTuple):
 
 
 def valid_score_table(live_dir: Path, chosen: Task) -> pd.DataFrame:
-    """valid_score.csv, the plot of the validation score (step, [epoch,] score): the task's ``valid_score``
+    """valid_score.csv, the plot of the validation score (step, [epoch,] score): the task's ``valid_metric``
     logged after each epoch (a translation task), or the validation loss (an LM). No rows: none was logged
     (train.valid_score false)."""
-    name = chosen.valid_score or "loss"
+    name = chosen.valid_metric or "loss"
     curves = read_curves(live_dir, (f"valid/{name}", "epoch"))
     curve = curves[f"valid/{name}"]
     if curve is None:
@@ -242,11 +242,11 @@ def report_lines(task, cfg, paths: ReportPaths, figures_dir: Path, rel: Path) ->
     ]
     scores = valid_score_table(live_dir, chosen)
     if "epoch" in scores.columns and len(scores):
-        plot_valid_score(scores, chosen.valid_score, figures_dir / "valid_score.png")
-        best = scores.loc[scores[chosen.valid_score].idxmax()]
+        plot_valid_score(scores, chosen.valid_metric, figures_dir / "valid_score.png")
+        best = scores.loc[scores[chosen.valid_metric].idxmax()]
         lines += ["## Validation score by epoch", "",
                   f"The task's score of the greedy outputs of the validation split after each epoch ("
-                  f"{chosen.valid_score}; train.valid_score), best {best[chosen.valid_score]:.4f} after epoch "
+                  f"{chosen.valid_metric}; train.valid_score), best {best[chosen.valid_metric]:.4f} after epoch "
                   f"{int(best['epoch'])}. It can keep rising after the validation loss stops falling.", "",
                   f"![validation score by epoch]({rel}/valid_score.png)", ""]
     view_at = len(lines)

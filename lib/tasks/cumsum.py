@@ -94,12 +94,12 @@ class Cumsum(Task):
     """Cumulative sums: running sums of digit sequences, and a length study of longer ones."""
     name = "cumsum"
     PrepareConfig = PrepareConfig
+    scores = ("exact_match", "token_accuracy")
     headline = ("greedy.exact_match", "greedy.token_accuracy", "exact_up_to_length")
-    valid_score = "exact_match"
+    valid_metric = "exact_match"
     extra_split = "lengths"  # the length study: evaluate decodes it too, and scores it by length
     extra_split_longest = "prepare.vocab_length"  # its longest sequence, in digits
     numeric_targets = True
-    sentence_score = "token_accuracy"
     prepared = (*SPLIT_FILES, "lengths.parquet", "alphabet.txt")
 
     def prepare(self, cfg: PrepareConfig, out_dir: Path, source_dir: Path | None = None):
@@ -157,3 +157,8 @@ class Cumsum(Task):
             correct += sum(a == b for a, b in zip(h_tokens, r_tokens))
             total += len(r_tokens)
         return {"exact_match": exact / len(references), "token_accuracy": correct / total}
+
+    def sentence_score(self, hypothesis: str, reference: str) -> float:
+        """The share of the reference's positions whose token the output matches."""
+        tokens = reference.split()
+        return sum(a == b for a, b in zip(hypothesis.split(), tokens)) / len(tokens)

@@ -50,9 +50,13 @@ def tokenized_bleu(hypotheses: list[str], references: list[str]) -> dict:
 class TranslationTask(Task):
     """A translation task: sacreBLEU's BLEU and chrF, BLEU logged after each epoch, BLEU by source length."""
 
+    scores = ("bleu", "chrf")
     headline = ("greedy.bleu", "beam*.bleu", "greedy.chrf", "valid_perplexity")
-    valid_score = "bleu"
-    sentence_score = "sentence_bleu"
+    valid_metric = "bleu"
 
     def score(self, hypotheses: list[str], references: list[str]) -> dict:
         return score(hypotheses, references)
+
+    def sentence_score(self, hypothesis: str, reference: str) -> float:
+        """Sentence BLEU (smoothed), for finding the worst translations."""
+        return sacrebleu.sentence_bleu(hypothesis, [reference]).score

@@ -103,6 +103,7 @@ class WMT14(TranslationTask):
     name = "wmt14"
     FetchConfig = FetchConfig
     PrepareConfig = PrepareConfig
+    scores = (*TranslationTask.scores, "tokenized_bleu")
     headline = ("greedy.bleu", "beam*.bleu", "beam*.tokenized_bleu", "valid_perplexity")
     token_store = True
     long_test = "cut"  # newstest2014 scored whole: a sentence over max_len is decoded from its first max_len tokens
@@ -110,7 +111,7 @@ class WMT14(TranslationTask):
     prepared = (*TranslationTask.prepared, CLEANING)
 
     def score(self, hypotheses: list[str], references: list[str]) -> dict:
-        """multi30k's sacreBLEU and chrF, with the paper's tokenised BLEU beside them (cheap to compute)."""
+        """sacreBLEU's BLEU and chrF, with the paper's tokenised BLEU beside them (cheap to compute)."""
         return {**translation.score(hypotheses, references), **translation.tokenized_bleu(hypotheses, references)}
 
     def fetch(self, cfg: FetchConfig, out_dir: Path) -> list[str]:

@@ -188,10 +188,10 @@ VALID_EXTRA_TOKENS = 50  # a valid output may run this many tokens past its sour
 
 @torch.no_grad()
 def validation_score(run: Run, cfg: TrainConfig, valid: Pairs) -> dict[str, float]:
-    """The task's ``valid_score`` of the greedy outputs of the valid split, against its references as the
+    """The task's ``valid_metric`` of the greedy outputs of the valid split, against its references as the
     tokenizer gives them back; on the main process, which alone logs."""
     trainee, chosen = run.trainee, get_task(run.trainee.task)
-    name = chosen.valid_score
+    name = chosen.valid_metric
     if name is None or not run.ctx.is_main:
         return {}
     model, was_training = trainee.model, trainee.model.training
