@@ -1,7 +1,8 @@
 """evaluate@<task>: score the trained model on the test split; write metrics, samples and the score by length."""
 
 from lib.stage.cli import FILE, stage_main
-from lib.evaluate.evaluation import EvaluatePaths, run
+from lib.evaluate.evaluation import EvaluatePaths
+from lib.evaluate.families import run
 
 READS = ["data", "tokenizer", "model"]  # the paths the stage reads, as --options
 WRITES = {"metrics": FILE, "samples": FILE, "lengths": FILE, "generation": FILE}  # and those it writes

@@ -5,6 +5,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 
 import pandas as pd
 import pytest
@@ -32,6 +33,7 @@ def test_the_guides_task_runs_through_every_stage(tmp_path):
     section["train"]["model"].update(d_model=16, n_heads=2, encoder_layers=1, decoder_layers=1, d_ff=32, max_len=32)
     repo, env, loaded = dvc_repo(tmp_path, {**TINY_PARAMS, "reverse": section})
     (repo / "lib" / "tasks" / "reverse.py").write_text(block("python"))
+    sh(sys.executable, "-m", "tools.deps", cwd=repo, env=env)  # the guide's one command after adding a module
 
     ran = sh(DVC, "exp", "run", "-S", "tasks=[reverse]", cwd=repo, env=env)
     assert stages_run(ran) == {"index"} | {f"{stage}@reverse" for stage in ("fetch", "prepare", "tokenize", "train",

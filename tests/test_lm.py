@@ -15,6 +15,7 @@ import yaml
 
 from lib.model import device
 from lib.evaluate import evaluation
+from lib.evaluate import families as evaluate_families
 from lib.evaluate.evaluation import EvaluatePaths
 from lib.report.reporting import ReportPaths
 from lib.report import reporting
@@ -64,7 +65,7 @@ def lm_built(tmp_path_factory):
                                            max_len=16))
     p["summary"] = training.run("shakespeare", cfg, p["data"], p["tok"], p["model"], p["ckpt"], p["live"])
     eval_cfg = LMEvaluateConfig(prompts=("ROMEO:\n", "JU"), max_new_tokens=30, temperature=0.8, top_k=5, seed=0)
-    p["metrics_dict"] = evaluation.run("shakespeare", eval_cfg, EvaluatePaths(
+    p["metrics_dict"] = evaluate_families.run("shakespeare", eval_cfg, EvaluatePaths(
         data=p["data"], tokenizer=p["tok"], model=p["model"], metrics=p["metrics"], samples=p["samples"],
         lengths=p["lengths"]))
     reporting.run("shakespeare", LMReportConfig(passage_tokens=12), ReportPaths(
@@ -341,7 +342,7 @@ def test_an_evaluate_prompt_the_model_cannot_read_is_named_in_the_log(lm_built, 
     cfg = LMEvaluateConfig(prompts=("JU", "RO\u2019\u2603ME"), max_new_tokens=5, temperature=0.8, top_k=5, seed=0)
     metrics, samples = tmp_path / "metrics.json", tmp_path / "samples.jsonl"
     with caplog.at_level("WARNING", logger="lib.evaluate.evaluation"):
-        evaluation.run("shakespeare", cfg, EvaluatePaths(
+        evaluate_families.run("shakespeare", cfg, EvaluatePaths(
             data=lm_built["data"], tokenizer=lm_built["tok"], model=lm_built["model"], metrics=metrics,
             samples=samples, lengths=tmp_path / "by_length.csv"))
     assert [r.getMessage() for r in caplog.records] == [
@@ -400,7 +401,7 @@ def test_the_pinned_sum_is_that_of_the_text_nanogpt_reads():
 
 
 def test_generate_continues_a_prompt(tmp_path, lm_built, capsys):
-    from lib.use import attention_figures, generate
+    from lib.use import attention_figures, command, generate
 
     models = models_dir(lm_built, tmp_path)
     run = ["--task", "shakespeare", "--models", str(models), "--max-new-tokens", "25", "--top-k", "5"]
@@ -415,7 +416,7 @@ def test_generate_continues_a_prompt(tmp_path, lm_built, capsys):
                for p in (tmp_path / "att").iterdir())
     assert "The first 16 tokens of the prompt" in (tmp_path / "att" / "attention.md").read_text()  # its block size
     generate.main(run + ["--prompt", "ROMEO:\n", "--top-p", "0.9", "--seed", "3", "--num-samples", "3"])
-    samples = capsys.readouterr().out.split(generate.SAMPLE_SEPARATOR + "\n")
+    samples = capsys.readouterr().out.split(command.SAMPLE_SEPARATOR + "\n")
     assert len(samples) == 3 and samples[0] == first  # one generator, drawn from in turn: the first is the same
     assert all(s.startswith("ROMEO:\n") and len(s) == len(first) for s in samples) and len(set(samples)) == 3
     generate.main(run + ["--prompt", "ROMEO☃:\n"])
@@ -542,7 +543,7 @@ def test_generate_writes_nothing_into_the_models_files(tmp_path, lm_built, capsy
 def test_a_language_model_loaded_from_python_samples_and_scores_as_the_command_line(tmp_path, lm_built, capsys):
     """lib.use.inference for an LM: the same samples from the same seed (several from one generator), the
     same scores, the causal self-attention, warnings for what it cannot read, errors naming the option."""
-    from lib.use import generate
+    from lib.use import command, generate
     from lib.use.inference import LanguageModel, load
 
     models = models_dir(lm_built, tmp_path)
@@ -551,7 +552,7 @@ def test_a_language_model_loaded_from_python_samples_and_scores_as_the_command_l
     run = ["--task", "shakespeare", "--models", str(models), "--prompt", "ROMEO:\n", "--max-new-tokens", "25",
            "--top-k", "5", "--seed", "3", "--num-samples", "2"]
     generate.main(run)
-    written = capsys.readouterr().out.split(generate.SAMPLE_SEPARATOR + "\n")
+    written = capsys.readouterr().out.split(command.SAMPLE_SEPARATOR + "\n")
     assert lm.sample("ROMEO:\n", max_new_tokens=25, top_k=5, seed=3) + "\n" == written[0]
     generator = torch.Generator().manual_seed(3)
     assert [lm.sample("ROMEO:\n", max_new_tokens=25, top_k=5, seed=generator) + "\n" for _ in range(2)] == written
@@ -606,14 +607,14 @@ def test_a_path_starting_with_a_tilde_is_in_the_home_directory(tmp_path, lm_buil
 def test_a_language_model_names_an_argument_of_the_wrong_type_before_any_work(tmp_path, lm_built, monkeypatch):
     """lib.use.inference for an LM: an option, a seed or a text of the wrong type is a TypeError naming it, token ids
     that are none of the vocabulary's a ValueError, before the model runs; a tensor of ids is taken as a list."""
-    from lib.use import inference
+    from lib.use import inference, language_model
 
     lm = inference.load(models_dir(lm_built, tmp_path))
     ids = lm.tokenizers.target.encode("ROMEO", add_special_tokens=False).ids
     assert lm.attention(torch.tensor(ids))["self-attention"].rows == list("ROMEO") == lm.attention(ids)[
         "self-attention"].rows
-    monkeypatch.setattr(inference, "sampled", lambda *args: pytest.fail("sampling began"))
-    monkeypatch.setattr(inference, "text_metrics", lambda *args: pytest.fail("scoring began"))
+    monkeypatch.setattr(language_model, "sampled", lambda *args: pytest.fail("sampling began"))
+    monkeypatch.setattr(language_model, "text_metrics", lambda *args: pytest.fail("scoring began"))
     monkeypatch.setattr(lm.model, "forward_with_attention", lambda *args: pytest.fail("the model ran"))
     vocab = lm.model.generator.out_features
     for call, error, message in [
@@ -657,7 +658,7 @@ def test_generate_reads_the_prompt_from_stdin_and_shows_the_sample_as_it_is_draw
     TEXT is. On stdout the prompt comes first, then each piece as it is drawn, not all at the end."""
     import io
 
-    from lib.use import generate
+    from lib.use import generate, sample_cli
 
     run = ["--task", "shakespeare", "--models", str(models_dir(lm_built, tmp_path)), "--max-new-tokens", "12",
            "--top-k", "5", "--seed", "3"]
@@ -666,14 +667,14 @@ def test_generate_reads_the_prompt_from_stdin_and_shows_the_sample_as_it_is_draw
     expected = capsys.readouterr().out
 
     seen = []  # stdout as each piece is drawn
-    drawn = generate.continuation
+    drawn = sample_cli.continuation
 
     def watched(*args):
         for piece in drawn(*args):
             seen.append(capsys.readouterr().out)
             yield piece
 
-    monkeypatch.setattr(generate, "continuation", watched)
+    monkeypatch.setattr(sample_cli, "continuation", watched)
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(prompt.encode())))
     generate.main(run + ["--prompt", "-"])
     seen.append(capsys.readouterr().out)
@@ -693,7 +694,7 @@ def test_generate_continues_each_line_typed_at_a_terminal_as_it_is_entered(tmp_p
     by its line; an --output file is written at the end. Ctrl-C keeps what was shown."""
     import warnings
 
-    from lib.use import generate
+    from lib.use import command, generate
     from lib.use.inference import load
 
     models = models_dir(lm_built, tmp_path)
@@ -707,7 +708,7 @@ def test_generate_continues_each_line_typed_at_a_terminal_as_it_is_entered(tmp_p
     captured.append(capsys.readouterr())
     shown, err = [c.out for c in captured], "".join(c.err for c in captured)
 
-    lm, generator, separator = load(models), torch.Generator().manual_seed(3), generate.SAMPLE_SEPARATOR + "\n"
+    lm, generator, separator = load(models), torch.Generator().manual_seed(3), command.SAMPLE_SEPARATOR + "\n"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the <unk> in line 3, named by generate below
         s = [lm.sample(p, max_new_tokens=12, top_k=5, seed=generator) + "\n" for p in ["ROMEO"] * 2 + ["JU☃"] * 2

@@ -20,7 +20,8 @@ import torch
 import yaml
 
 from lib.model import checkpoint
-from lib.evaluate import by_length, evaluation
+from lib.evaluate import by_length
+from lib.evaluate import families as evaluate_families
 from lib.evaluate.evaluation import EvaluatePaths
 from lib.model import losses
 from lib.report.reporting import ReportPaths
@@ -318,7 +319,7 @@ def test_trains_evaluates_and_ties_embeddings(tmp_path, corpus, joint):
                       ("train", "live"): paths[4]}, "multi30k")  # source.json and target.json, when not joint
     params["multi30k"]["evaluate"]["beam_size"] = 3
     reports = tmp_path / "reports" / "multi30k"
-    metrics = evaluation.run("multi30k", cfg(params, "evaluate"), EvaluatePaths(
+    metrics = evaluate_families.run("multi30k", cfg(params, "evaluate"), EvaluatePaths(
         data=paths[0], tokenizer=paths[1], model=paths[2], metrics=reports / "metrics.json", samples=reports /
         "samples.jsonl", lengths=reports / "by_length.csv"))
     assert {"bleu", "chrf", "bleu_signature", "seconds"} <= set(metrics["greedy"]) <= set(metrics["beam3"])
@@ -462,7 +463,7 @@ def test_generate_translates_a_file_line_by_line(tmp_path, trained, capsys):
 def test_generate_writes_each_lines_n_best_with_the_scores_beam_search_ranked_them_by(tmp_path, trained):
     """--n-best K: a table of each translated line's K best outputs, best first; rank 1 is the plain output,
     and each score is the model's own log-probability of that output over the length penalty."""
-    from lib.use import generate, lines
+    from lib.use import command, generate, lines
     from transformer.greedy import length_penalty
     from lib.evaluate.decode import score_outputs
     from lib.data.tokenizer import encode_sources, special_ids
@@ -474,7 +475,7 @@ def test_generate_writes_each_lines_n_best_with_the_scores_beam_search_ranked_th
     generate.main(run + ["--output", str(tmp_path / "n_best.tsv"), "--n-best", "3"])
     best = (tmp_path / "best.txt").read_text(encoding="utf-8").split("\n")
     table = pd.read_csv(tmp_path / "n_best.tsv", sep="\t", keep_default_na=False)
-    assert tuple(table.columns) == generate.N_BEST_COLUMNS
+    assert tuple(table.columns) == command.N_BEST_COLUMNS
     assert table["line"].tolist() == [1, 1, 1, 3, 3, 3] and table["rank"].tolist() == [1, 2, 3] * 2  # no empty line
     assert table[table["rank"] == 1]["translation"].tolist() == [best[0], best[2]]
 
@@ -498,7 +499,7 @@ def test_generate_writes_each_lines_n_best_with_the_scores_beam_search_ranked_th
 def test_generate_scores_given_outputs_as_the_model_would(tmp_path, trained, capsys):
     """--score FILE: each given output (a reference, say) scored beside its source line: its log-probability
     is minus the summed cross-entropy training's own loss gives it; lines it cannot use are named."""
-    from lib.use import generate
+    from lib.use import command, generate
     from lib.data.pairs import Pairs, collate
     from transformer.greedy import length_penalty
     from transformer.masks import padding_mask, target_mask
@@ -513,7 +514,7 @@ def test_generate_scores_given_outputs_as_the_model_would(tmp_path, trained, cap
     assert "line 3: the --score output: not in the model's vocabulary, read as <unk>: '☃'" in err
     assert re.search(r"line 4: the --score output has \d+ tokens and an eos, more than the model's max_len 64", err)
     table = pd.read_csv(tmp_path / "scores.tsv", sep="\t", keep_default_na=False)
-    assert tuple(table.columns) == generate.SCORE_COLUMNS
+    assert tuple(table.columns) == command.SCORE_COLUMNS
     assert table["line"].tolist() == [1, 3] and table["translation"][0] == ENGLISH[0]  # no row for an empty source
 
     model, toks, _ = checkpoint.load_trained(trained / "model.pt", trained / "tokenizer")
@@ -555,7 +556,7 @@ def test_attention_drawn_again_clears_the_last_runs_figures(tmp_path):
     """An --attention directory drawn again shows one run: an earlier run's figures that this one did not draw
     (three lines then, one now; an LM's self_attention.png) stayed beside the new ones, attention.md no longer
     naming them. They go; files by other names stay; no temporary is left."""
-    from lib.use import generate
+    from lib.use import attention_figures
 
     out = tmp_path / "figs"
     out.mkdir()
@@ -567,7 +568,7 @@ def test_attention_drawn_again_clears_the_last_runs_figures(tmp_path):
     def draw(figures):
         (figures / "cross_attention_line1.png").write_text("now")
         return ["# Attention"]
-    generate.write_figures(out, draw)
+    attention_figures.write_figures(out, draw)
     assert {p.name: p.read_text() for p in out.iterdir() if p.is_file()} == {
         "attention.md": "# Attention", "cross_attention_line1.png": "now", "notes.txt": "earlier"}
     assert (out / "kept_attention_line2.png").is_dir() and os.listdir(tmp_path) == ["figs"]
@@ -701,12 +702,12 @@ def test_generate_reads_stdin_and_names_what_it_cannot_use(tmp_path, trained, ca
 
 
 def test_generate_interrupted_is_one_line_and_writes_nothing(tmp_path, trained, capsys, monkeypatch):
-    from lib.use import generate
+    from lib.use import generate, translate_cli
 
     def ctrl_c(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(generate, "translate_lines", ctrl_c)  # Ctrl-C while translating
+    monkeypatch.setattr(translate_cli, "translate_lines", ctrl_c)  # Ctrl-C while translating
     files = tmp_path / "files"
     files.mkdir()
     (files / "in.txt").write_text(GERMAN[2] + "\n")

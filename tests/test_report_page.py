@@ -12,6 +12,7 @@ import yaml
 
 from lib.model import checkpoint
 from lib.report.attention_view import chosen_examples
+from lib.report.families import REPORTING
 from lib.data.pairs import collate
 from lib.report.attention_maps import attention_maps
 from lib.report import reporting
@@ -66,7 +67,7 @@ def test_the_report_page_works_offline_and_a_clicked_token_shows_its_row(browser
     page.select_option("#av-kind", "cross")
     page.select_option("#av-layer", "0")
     page.select_option("#av-head", "1")
-    example = chosen_examples(read_samples(built["samples"], "seq2seq")).iloc[0]
+    example = chosen_examples(read_samples(built["samples"], REPORTING["seq2seq"].sample_keys)).iloc[0]
     assert page.locator("#av-example option").first.text_content().endswith(example.source)
 
     # The model's own cross-attention for that example, teacher-forced on its greedy output: layer 1, head 2
@@ -108,7 +109,7 @@ HOSTILE = {"source": "<script>window.pwned = 1</script> 3 | 4",
 def test_text_from_the_data_and_the_model_stays_text(browser, built, tmp_path):
     """report.html built from that sample shows each string as written, each in its own cell (source, reference,
     greedy), and runs no script; the report's own words about <eos> and <bos> show them too."""
-    samples = read_samples(built["samples"], "seq2seq")
+    samples = read_samples(built["samples"], REPORTING["seq2seq"].sample_keys)
     first = samples.index[samples["first"]][0]
     for column, text in HOSTILE.items():
         samples.loc[first, column] = text
@@ -197,5 +198,5 @@ def test_the_worst_examples_are_only_wrong_ones(built):
     rows = text.split("## Worst test examples")[1].split("\n## ")[0].strip().splitlines()
     wrong = [row for row in rows[2:] if row.startswith("|")]
     assert rows[0].startswith("| source") and all(row.rstrip(" |").endswith("False") for row in wrong)
-    samples = read_samples(built["samples"], "seq2seq")
+    samples = read_samples(built["samples"], REPORTING["seq2seq"].sample_keys)
     assert len(wrong) == (samples["worst"] & ~samples["correct"]).sum()

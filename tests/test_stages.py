@@ -31,6 +31,8 @@ from lib.report import captions
 from lib.model import checkpoint
 from lib.train import curves
 from lib.evaluate import evaluation
+from lib.evaluate import families as evaluate_families
+from lib.evaluate import families as evaluate_families
 from lib.evaluate.evaluation import EvaluatePaths
 from lib.evaluate.by_length import exact_up_to
 from lib.report import attention_maps
@@ -76,7 +78,7 @@ def built(tmp_path_factory):
     run_tokenize("cumsum", cfg("tokenize"), p["data"], p["tokenizer"])
     p["summary"] = training.run("cumsum", cfg("train"), p["data"], p["tokenizer"], p["model"],
                                 p["checkpoints"], p["live"])
-    p["scores"] = evaluation.run("cumsum", cfg("evaluate"), EvaluatePaths(
+    p["scores"] = evaluate_families.run("cumsum", cfg("evaluate"), EvaluatePaths(
         data=p["data"], tokenizer=p["tokenizer"], model=p["model"], metrics=p["metrics"], samples=p["samples"],
         lengths=p["lengths"]))
     reporting.run("cumsum", cfg("report"), ReportPaths(
@@ -185,7 +187,7 @@ def test_a_full_disk_writing_the_metrics_keeps_the_last_samples_too(tmp_path, bu
         path.write_text(f"the last run's {name}")
     disk_full_writing(monkeypatch, "metrics.json")
     with pytest.raises(OSError, match=f"No space left on device: '{last['metrics']}'"):
-        evaluation.run("cumsum", stage_config(tiny_params, "cumsum", "evaluate"), EvaluatePaths(
+        evaluate_families.run("cumsum", stage_config(tiny_params, "cumsum", "evaluate"), EvaluatePaths(
             data=built["data"], tokenizer=built["tokenizer"], model=built["model"], metrics=last["metrics"],
             samples=last["samples"], lengths=last["lengths"]))
     assert {p.name: p.read_text() for p in tmp_path.iterdir()} == {
@@ -199,7 +201,7 @@ def test_evaluating_on_a_gpu_that_is_not_here_names_the_param(tmp_path, built, t
     outputs = tmp_path / "metrics.json", tmp_path / "samples.jsonl", tmp_path / "by_length.csv"
     tiny_params["cumsum"]["evaluate"]["device"] = "cuda"
     with pytest.raises(ValueError, match=r"^cumsum\.evaluate\.device 'cuda': no CUDA device is available here"):
-        evaluation.run("cumsum", stage_config(tiny_params, "cumsum", "evaluate"), EvaluatePaths(
+        evaluate_families.run("cumsum", stage_config(tiny_params, "cumsum", "evaluate"), EvaluatePaths(
             data=built["data"], tokenizer=built["tokenizer"], model=built["model"],
             **dict(zip(("metrics", "samples", "lengths"), outputs))))
     assert not any(path.exists() for path in outputs)
@@ -217,12 +219,12 @@ def test_an_alpha_past_the_models_bound_is_named_as_the_param_before_evaluating(
         with pytest.raises(ValueError, match=re.escape(
                 "cumsum.evaluate.alpha 1000.0: the length penalty ((5 + length) / 6) ** alpha overflows at this "
                 "model's longest output (32 tokens) for an alpha above 48.8")):
-            evaluation.run("cumsum", stage_config(tiny_params, "cumsum", "evaluate"), EvaluatePaths(
+            evaluate_families.run("cumsum", stage_config(tiny_params, "cumsum", "evaluate"), EvaluatePaths(
                 data=built["data"], tokenizer=built["tokenizer"], model=built["model"],
         **dict(zip(("metrics", "samples", "lengths"), outputs))))
     assert losses == [] and not any(path.exists() for path in outputs)
     tiny_params["cumsum"]["evaluate"]["beam_size"] = 1
-    metrics = evaluation.run("cumsum", stage_config(tiny_params, "cumsum", "evaluate"), EvaluatePaths(
+    metrics = evaluate_families.run("cumsum", stage_config(tiny_params, "cumsum", "evaluate"), EvaluatePaths(
         data=built["data"], tokenizer=built["tokenizer"], model=built["model"],
         **dict(zip(("metrics", "samples", "lengths"), outputs))))
     assert "beam2" not in metrics and all(path.exists() for path in outputs)
@@ -929,7 +931,7 @@ def test_a_model_of_another_task_is_named(tmp_path, built, capsys):
     out = {name: tmp_path / name for name in ("metrics.json", "samples.jsonl", "by_length.csv", "report.md",
                                               "figures", "losses.csv")}
     with pytest.raises(ValueError, match=message):
-        evaluation.run("multi30k", cfg("evaluate"), EvaluatePaths(
+        evaluate_families.run("multi30k", cfg("evaluate"), EvaluatePaths(
             data=built["data"], tokenizer=built["tokenizer"], model=built["model"], metrics=out["metrics.json"],
             samples=out["samples.jsonl"], lengths=out["by_length.csv"]))
     with pytest.raises(ValueError, match=message):
@@ -1204,7 +1206,7 @@ def test_same_params_same_metrics(tmp_path, built):
     run_tokenize("cumsum", cfg("tokenize"), tmp_path / "data", tmp_path / "tok")
     training.run("cumsum", cfg("train"), tmp_path / "data", tmp_path / "tok", tmp_path / "model.pt",
                  tmp_path / "ckpt", tmp_path / "live")
-    evaluation.run("cumsum", cfg("evaluate"), EvaluatePaths(
+    evaluate_families.run("cumsum", cfg("evaluate"), EvaluatePaths(
         data=tmp_path / "data", tokenizer=tmp_path / "tok", model=tmp_path / "model.pt", metrics=tmp_path /
         "metrics.json", samples=tmp_path / "samples.jsonl", lengths=tmp_path / "by_length.csv"))
     def without_timings(path):
@@ -1342,7 +1344,7 @@ def test_an_evaluated_split_the_model_cannot_read_is_named_before_training(tmp_p
     data = data_with(tmp_path / "other", built, test=pd.concat([pd.read_parquet(built["data"] / "test.parquet"), long]))
     outputs = tmp_path / "metrics.json", tmp_path / "samples.jsonl", tmp_path / "by_length.csv"
     with pytest.raises(ConfigError, match=r"max_len: 32 is shorter than the longest test sequence \(41 tokens\)"):
-        evaluation.run("cumsum", stage_config(tiny_params, "cumsum", "evaluate"), EvaluatePaths(
+        evaluate_families.run("cumsum", stage_config(tiny_params, "cumsum", "evaluate"), EvaluatePaths(
             data=data, tokenizer=built["tokenizer"], model=built["model"],
             **dict(zip(("metrics", "samples", "lengths"), outputs))))
     assert not any(path.exists() for path in outputs)
@@ -1552,12 +1554,13 @@ def test_a_translator_names_an_argument_of_the_wrong_type_before_any_work(built,
     TypeError naming the argument (not torch's, from deep in a search), raised before a sentence is read; numpy's
     numbers and a pandas Series are taken as Python's own."""
     from lib.use import inference
+    from lib.use import translator as translator_module
 
     translator = inference.load(built["model"].parent)
     assert translator.translate(pd.Series(["1 2", "3"]), beam_size=pd.Series([2]).iloc[0],  # a numpy int64
                                 alpha=pd.Series([0.6]).iloc[0]) == translator.translate(["1 2", "3"], beam_size=2)
     for name in ("translate_lines", "score_lines"):
-        monkeypatch.setattr(inference, name, lambda *args, **kwargs: pytest.fail("work began"))
+        monkeypatch.setattr(translator_module, name, lambda *args, **kwargs: pytest.fail("work began"))
     for call, message in [
             (lambda: translator.translate("1 2", beam_size=2.0), "beam_size 2.0: must be an integer"),
             (lambda: translator.translate("1 2", beam_size=True), "beam_size True: must be an integer"),

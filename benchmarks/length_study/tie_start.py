@@ -41,6 +41,7 @@ from lib.core.text import load_params
 from lib.train.curves import read_curves
 from lib.tasks.params import stage_config
 from lib.model.setup import repeats_input
+from lib.train.families import TRAINING
 from lib.tasks.stages import run_prepare
 from lib.data.tokenizer import SpecialIds
 from transformer.masks import padding_mask, target_mask
@@ -82,7 +83,8 @@ def untrained(variant: str, seed: int, vocab_size: int = 14, batch: int = 256, l
     src, tgt_in, tgt_out = (torch.randint(4, vocab_size, (batch, length)) for _ in range(3))
     with torch.no_grad():
         logits = model(src, tgt_in, padding_mask(src, 0), target_mask(tgt_in, 0))
-    return {"repeats_input": round(repeats_input(model, SpecialIds(pad=0, bos=1, eos=2, unk=3)), 3),
+    repeats = repeats_input(model, SpecialIds(pad=0, bos=1, eos=2, unk=3), TRAINING["seq2seq"].logits)
+    return {"repeats_input": round(repeats, 3),
             "first_loss": round(F.cross_entropy(logits.reshape(-1, vocab_size), tgt_out.reshape(-1)).item(), 3)}
 
 

@@ -27,6 +27,7 @@ from torch import nn
 
 from lib.model import checkpoint
 from lib.train import lm as lm_loop
+from lib.train.families import TRAINING
 from lib.core.config import LMTrainConfig, ModelConfig, TokenizeConfig
 from lib.data.pairs import read_text
 from lib.evaluate.evaluation import split_loss
@@ -178,8 +179,8 @@ def main():
         run_prepare("shakespeare", shakespeare.PrepareConfig(train_fraction=0.9), tmp / "data", tmp / "sources")
         run_tokenize("shakespeare", TokenizeConfig(kind="char", min_frequency=1), tmp / "data", tmp / "tok")
         start = time.perf_counter()
-        lm_loop.train_lm("shakespeare", cfg, tmp / "data", tmp / "tok", tmp / "model.pt", tmp / "ckpt",
-                          tmp / "live")
+        TRAINING["lm"].train("shakespeare", cfg, tmp / "data", tmp / "tok", tmp / "model.pt", tmp / "ckpt",
+                             tmp / "live")
         wall = time.perf_counter() - start
         steps = (tmp / "live" / "plots" / "metrics" / "train" / "loss.tsv").read_text().count("\n") - 1
         # What nanoGPT's log calls "time per iteration": each training step's own wall time, as the

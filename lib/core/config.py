@@ -273,16 +273,3 @@ class LMReportConfig:
 
 # The stages in the order dvc.yaml runs them, each reading what the one before wrote.
 STAGES = ("fetch", "prepare", "tokenize", "train", "evaluate", "report")
-
-# The config class of each stage, by the task's kind (seq2seq or lm).
-STAGE_CONFIGS = {
-    "tokenize": {"seq2seq": TokenizeConfig, "lm": TokenizeConfig},
-    "train": {"seq2seq": TrainConfig, "lm": LMTrainConfig},
-    "evaluate": {"seq2seq": EvaluateConfig, "lm": LMEvaluateConfig},
-    "report": {"seq2seq": ReportConfig, "lm": LMReportConfig},
-}
-
-# By the task's kind, the train param that sets the learning rate, and the one that sets how long it trains:
-# what a message about a run's rate or length names.
-LR_PARAM = {"seq2seq": "train.lr_factor", "lm": "train.lr"}
-LENGTH_PARAM = {"seq2seq": "train.epochs or train.max_steps", "lm": "train.max_iters"}

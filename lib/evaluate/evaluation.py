@@ -230,10 +230,3 @@ def evaluate_lm(task, cfg: LMEvaluateConfig, paths: EvaluatePaths):
         rows.append({"prompt": prompt, "sample": "".join(continuation(tokenizer, prompt_ids, tokens))})
     write_outputs(metrics, pd.DataFrame(rows), by_length, paths, cfg)
     return metrics
-
-
-def run(task, cfg, paths: EvaluatePaths) -> dict:
-    """The evaluate stage, for the task's kind; with ``paths.generation``, the settings it decoded with
-    (generation.json), which a user of the model decodes with by default."""
-    evaluate = evaluate_lm if get_task(task).kind == "lm" else evaluate_seq2seq
-    return evaluate(task, cfg, paths)

@@ -93,9 +93,8 @@ def out_of_memory(err: RuntimeError) -> str | None:
     return asked and f"CPU out of memory. Tried to allocate {int(asked[1]) / 2 ** 30:.2f} GiB"
 
 
-def out_of_memory_error(said: str, cfg, lm: bool) -> OutOfMemory:
-    """The OutOfMemory for ``said`` (``out_of_memory``'s), naming the params that size a step of ``cfg``."""
-    batch = (f"train.batch_size {cfg.batch_size} blocks of train.block_size {cfg.block_size} tokens; halve "
-             "batch_size" if lm else f"train.max_tokens {cfg.max_tokens} padded tokens a side; halve it")
+def out_of_memory_error(said: str, cfg, batch: str) -> OutOfMemory:
+    """The OutOfMemory for ``said`` (``out_of_memory``'s), naming the params that size a step of ``cfg``
+    (``batch``: what sizes it, its model family's)."""
     return OutOfMemory(f"{said}: a batch is {batch} and double train.accumulate (now {cfg.accumulate}): an "
                        "update sees as many tokens, in half the memory; or make train.model smaller")

@@ -11,11 +11,9 @@ from torch import nn
 from lib.core import distributed
 from lib.data.pairs import SpecialIds
 from lib.model.device import autocast, open_device, peak_tflops, resolve_precision
-from lib.tasks import get_task
 from lib.data.tokenizer import Tokenizers, load_tokenizers, special_ids
 from transformer.fast.compile import compile_model
-from transformer.masks import padding_mask, target_mask
-from transformer.model import Transformer, build_model, parameter_counts
+from transformer.model import build_model, parameter_counts
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +22,7 @@ log = logging.getLogger(__name__)
 class Trainee:
     """A model ready to train, and where and how it trains."""
     task: str
-    kind: str  # seq2seq or lm
+    family: str  # the model family's name, as model.pt records it (lib.core.families)
     model: nn.Module  # whose weights are saved
     train_model: nn.Module  # what forward and backward go through: the model, DDP-wrapped or compiled
     tokenizers: Tokenizers
@@ -40,9 +38,10 @@ class Trainee:
         return autocast(self.precision, self.device)
 
 
-def set_up(task: str, cfg, tokenizer_dir) -> Trainee:
-    """The Trainee of train config ``cfg``: the same weights in every process, dropout masks of its own."""
-    kind = get_task(task).kind
+def set_up(task: str, cfg, tokenizer_dir, family) -> Trainee:
+    """The Trainee of train config ``cfg``: the same weights in every process, dropout masks of its own.
+    ``family``: the task's lib.train.families object, which says what its model reads and what model.pt records."""
+    kind = family.name
     device, ctx = open_device(cfg.device)
     tokenizers = load_tokenizers(tokenizer_dir)
     ids = special_ids(tokenizers)
@@ -56,9 +55,8 @@ def set_up(task: str, cfg, tokenizer_dir) -> Trainee:
     log.info("model: %s parameters (%s)", f"{total:,}", ", ".join(f"{part} {n:,}" for part, n in parts))
     # The task (another task's stages refuse the model), and for the report the label smoothing (the least
     # loss it lets training reach) and how often the untrained model predicted the token it was given.
-    trained_with = {"task": task, "initial_repeats_input": round(repeats_input(model, ids), 4)}
-    if hasattr(cfg, "label_smoothing"):
-        trained_with["label_smoothing"] = cfg.label_smoothing
+    trained_with = {"task": task, "initial_repeats_input": round(repeats_input(model, ids, family.logits), 4),
+                    **family.recorded(cfg)}
     train_model = distributed.wrap(model, ctx, device)
     if cfg.compile:
         log.info("train.compile: the first step compiles the model (a minute or two on a GPU)")
@@ -69,9 +67,10 @@ def set_up(task: str, cfg, tokenizer_dir) -> Trainee:
 
 
 @torch.no_grad()
-def repeats_input(model: nn.Module, ids: SpecialIds, batch: int = 64, length: int = 16) -> float:
+def repeats_input(model: nn.Module, ids: SpecialIds, logits, batch: int = 64, length: int = 16) -> float:
     """The share of positions whose top prediction is the token the model was just given, on random tokens
-    other than the special ``ids``: by chance, 1 / (V - 4).
+    other than the special ``ids``: by chance, 1 / (V - 4). ``logits(model, tokens, given)``: the model's
+    outputs for the ``given`` tokens, ``tokens(vocab_size)`` drawing any other input it reads (its family's).
 
     Measured on an untrained model: a decoder whose input vectors are also its output layer's rows
     (tie_embeddings), when they outweigh the rest of its residual stream, starts out repeating its input
@@ -87,10 +86,6 @@ def repeats_input(model: nn.Module, ids: SpecialIds, batch: int = 64, length: in
     given = tokens(model.generator.out_features)
     training = model.training
     model.eval()
-    if isinstance(model, Transformer):
-        src = tokens(model.src_embed.tokens.num_embeddings)
-        logits = model(src, given, padding_mask(src, ids.pad), target_mask(given, ids.pad))
-    else:
-        logits = model(given)
+    found = logits(model, tokens, given, ids.pad)
     model.train(training)
-    return (logits.argmax(-1) == given).float().mean().item()
+    return (found.argmax(-1) == given).float().mean().item()

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from lib.core.config import LENGTH_PARAM, LR_PARAM
+from lib.core.families import params_family
+from lib.report.families import REPORTING
 from lib.train.curves import read_curves
 from transformer.model import parameter_counts
 
@@ -38,7 +39,7 @@ def curves_caption(first_loss: float, vocab_size: int, smoothing: float, floor: 
     return text
 
 
-def stalled_caption(train: pd.DataFrame, lr: pd.DataFrame, vocab_size: int, kind: str) -> str:
+def stalled_caption(train: pd.DataFrame, lr: pd.DataFrame, vocab_size: int, family: str) -> str:
     """Where the training loss (``train``: its (step, value) rows) ended within 10% of ln V, the loss of a
     model that has learnt nothing: what the learning rate (``lr``'s rows, one a step) says of why. Adam moves
     a weight by at most about the learning rate a step, so the rates summed over the run bound how far any
@@ -54,16 +55,17 @@ def stalled_caption(train: pd.DataFrame, lr: pd.DataFrame, vocab_size: int, kind
             f"learning rate a step; summed over the run's {len(lr):,} steps, the rates come to {travel:.3g} "
             f"(peak {peak:.3g})")
     rising = lr["value"].iloc[-1] > lr["value"].iloc[0] and lr["value"].idxmax() == lr.index[-1]
+    params = params_family(family)
     if travel < 0.1:
         text += (", too little to reshape weights that start at about 0.1 in size: the learning rate is too low "
-                 f"(raise {LR_PARAM[kind]})")
+                 f"(raise {params.lr_param})")
     else:
         text += (", enough to move the weights: a rate too high can keep the loss up without diverging (the "
-                 f"gradient norm then stays high, middle panel; lower {LR_PARAM[kind]}), and so can targets that the "
+                 f"gradient norm then stays high, middle panel; lower {params.lr_param}), and so can targets that the "
                  "inputs do not determine")
     if rising:
         text += (f". The rate was still rising when training stopped: its warmup (train.warmup) is longer than "
-                 f"the run; shorten it, or train longer ({LENGTH_PARAM[kind]})")
+                 f"the run; shorten it, or train longer ({params.length_param})")
     return text + "."
 
 
@@ -89,11 +91,8 @@ POSITIONS = {
 
 def architecture(cfg, state: dict) -> str:
     """The model of ``state`` (model.pt's contents), ``cfg`` its ModelConfig, in a sentence."""
-    if state["kind"] == "lm":
-        shape = f"A decoder-only language model of {cfg.decoder_layers} layer{'s' * (cfg.decoder_layers != 1)}"
-    else:
-        shape = (f"An encoder-decoder of {cfg.encoder_layers} encoder and {cfg.decoder_layers} decoder "
-                 f"layer{'s' * ((cfg.encoder_layers, cfg.decoder_layers) != (1, 1))}")
+    family = REPORTING[state["kind"]]
+    shape = family.shape(cfg)
     if cfg.norm == "rmsnorm":
         norm = "Pre-LN with RMSNorm, and a final RMSNorm" if cfg.norm_first else "Post-LN with RMSNorm"
     else:
@@ -107,16 +106,7 @@ def architecture(cfg, state: dict) -> str:
     activation = {"relu": "ReLU", "gelu": "GELU", "swiglu": "SwiGLU"}[cfg.activation]
     widths = (f"d_model {cfg.d_model}, {heads}, a {activation} feed-forward of width {cfg.d_ff}, {dropout}"
               + ("" if cfg.bias else ", no biases"))
-    source, target = state["src_vocab_size"], state["tgt_vocab_size"]
-    if state["kind"] == "lm":
-        vocabulary = f"a vocabulary of {target:,} tokens"
-        tie = ", one matrix for the embedding and the output layer (tied)"
-    elif state["joint_vocab"]:
-        vocabulary = f"one vocabulary of {target:,} tokens for source and target"
-        tie = ", one matrix for the source embedding, the target embedding and the output layer (tied, sec. 3.4)"
-    else:
-        vocabulary = f"vocabularies of {source:,} (source) and {target:,} (target) tokens"
-        tie = ", one matrix for the target embedding and the output layer (tied)"
+    vocabulary, tie = family.vocabulary(state)
     return (f"{shape}, {norm}: {widths}; {POSITIONS[cfg.positional]}; {vocabulary}"
             f"{tie if cfg.tie_embeddings else ', embeddings and output layer untied'}.")
 
@@ -137,14 +127,13 @@ def model_section(model, state: dict, live_dir: Path) -> list[str]:
     trained = f"Trained for {speed['step'].iloc[-1]:,} steps"
     if epoch is not None:  # the encoder-decoder's
         trained += f" ({epoch['value'].iloc[-1]} epochs)"
-    tokens = "source and target tokens" if state["kind"] == "seq2seq" else "tokens"
-    trained += f", at a median {speed['value'].median():,.0f} {tokens} a second"
+    trained += f", at a median {speed['value'].median():,.0f} {REPORTING[state['kind']].tokens} a second"
     if mfu is not None:
         trained += f" ({100 * mfu['value'].median():.0f}% of the hardware's peak FLOPs, train.peak_tflops)"
     return lines + [trained + ".", ""]
 
 
-def validation_caption(valid: pd.DataFrame | None, kind: str) -> str:
+def validation_caption(valid: pd.DataFrame | None, family: str) -> str:
     """Where the validation loss went, from its (step, value) rows: still falling at the last evaluation
     (train longer), risen well above its lowest (over-fitting), or levelled off. Empty without two
     evaluations."""
@@ -157,7 +146,7 @@ def validation_caption(valid: pd.DataFrame | None, kind: str) -> str:
     if best == len(values) - 1:
         if previous - last > 0.01 * previous:
             return (text + f", the last, and still falling ({previous:.4f} at step {steps[-2]}): a longer run "
-                    f"({LENGTH_PARAM[kind]}) would likely lower it further.")
+                    f"({params_family(family).length_param}) would likely lower it further.")
         return text + ", the last, where it had levelled off."
     rise = last / values[best] - 1
     text += f"; the last, at step {steps[-1]}, is {last:.4f}, {rise:+.1%}."

@@ -15,15 +15,13 @@ import pandas as pd
 
 from lib.model import checkpoint
 from lib.core import files
-from lib.report.attention_view import lm_view, seq2seq_view
 from lib.report.captions import curves_caption, model_line, model_section, stalled_caption, validation_caption
-from lib.core.config import ConfigError, flatten
+from lib.core.config import flatten
 from lib.train.curves import CURVES, read_curves
-from lib.data.pairs import read_text
 from lib.report.figures import (plot_losses, plot_valid_score)
 from lib.core.files import not_as_written
 from lib.report.pages import card_html, headline, report_html
-from lib.report.sections import dropped_section, lm_sections, seq2seq_sections
+from lib.report.families import REPORTING
 from lib.tasks import get_task
 from lib.tasks.base import Task
 from lib.tasks.outputs import HOLDS
@@ -83,14 +81,9 @@ def read_metrics(path: str | Path) -> dict:
     return metrics
 
 
-# What the report reads of each sample (a row of samples.jsonl), by the kind of model.
-SAMPLE_KEYS = {"seq2seq": ("split", "source", "reference", "greedy", "correct", "score", "first", "worst"),
-               "lm": ("prompt", "sample")}
-
-
-def read_samples(path: str | Path, kind: str) -> pd.DataFrame:
+def read_samples(path: str | Path, keys: tuple[str, ...]) -> pd.DataFrame:
     """The evaluate stage's samples.jsonl: a JSON object a line (blank lines aside), at least one, each with
-    ``SAMPLE_KEYS[kind]``."""
+    ``keys`` (its model family's)."""
     path, rows = Path(path), []
     # split at "\n", not splitlines: a text may hold U+2028 as it is
     for number, line in enumerate(evaluate_text(path).split("\n"), 1):
@@ -100,10 +93,9 @@ def read_samples(path: str | Path, kind: str) -> pd.DataFrame:
             rows.append(row := json.loads(line))
         except json.JSONDecodeError as err:
             raise not_as_written(path, f"line {number}: not JSON ({err.msg})", "evaluate") from None
-        if not isinstance(row, dict) or (missing := [k for k in SAMPLE_KEYS[kind] if k not in row]):
+        if not isinstance(row, dict) or (missing := [k for k in keys if k not in row]):
             found = f"no {missing[0]!r}" if isinstance(row, dict) else f"a JSON {type(row).__name__}"
-            keys = ", ".join(SAMPLE_KEYS[kind])
-            raise not_as_written(path, f"line {number}: {found}, where a sample has {keys}", "evaluate")
+            raise not_as_written(path, f"line {number}: {found}, where a sample has {', '.join(keys)}", "evaluate")
     if not rows:
         raise not_as_written(path, "no samples", "evaluate")
     return pd.DataFrame(rows)
@@ -210,12 +202,11 @@ def report_lines(task, cfg, paths: ReportPaths, figures_dir: Path, rel: Path) ->
     attention view of report.html."""
     data_dir, live_dir = paths.data, Path(paths.live)
     chosen = get_task(task)
-    metrics, samples = read_metrics(paths.metrics), read_samples(paths.samples, chosen.kind)
+    family = REPORTING[chosen.family]
+    metrics, samples = read_metrics(paths.metrics), read_samples(paths.samples, family.sample_keys)
     by_length = read_lengths(paths.lengths)
     model, tokenizers, state = checkpoint.load_trained(paths.model, paths.tokenizer, task=task)
-    if chosen.kind == "lm" and cfg.passage_tokens > state["block_size"]:  # checked before anything is drawn
-        raise ConfigError(f"report.passage_tokens: {cfg.passage_tokens} is longer than the blocks the model "
-                          f"was trained on (train.block_size {state['block_size']})")
+    family.check(cfg, state)  # before anything is drawn
 
     smoothing = state.get("label_smoothing", 0.0)  # seq2seq models; an LM trains without
     floor = smoothed_loss_floor(state["tgt_vocab_size"], smoothing)
@@ -226,14 +217,14 @@ def report_lines(task, cfg, paths: ReportPaths, figures_dir: Path, rel: Path) ->
                                 "(run the train stage first)")
     plot_losses(curves, figures_dir / "loss.png", floor)
     first_loss = curves["train/loss"]["value"].iloc[0]
-    validation = validation_caption(curves["valid/loss"], chosen.kind)
-    stalled = stalled_caption(curves["train/loss"], curves["train/lr"], state["tgt_vocab_size"], chosen.kind)
+    validation = validation_caption(curves["valid/loss"], chosen.family)
+    stalled = stalled_caption(curves["train/loss"], curves["train/lr"], state["tgt_vocab_size"], chosen.family)
     lines = [
         f"# {task}: report", "",
         model_line(state), "",
         *model_section(model, state, live_dir),
         "## Metrics", "", metrics_table(metrics), "",
-        *(dropped_section(data_dir, state, metrics) if chosen.kind == "seq2seq" else []),
+        *family.data_sections(data_dir, state, metrics),
         "## Training curves", "", f"![loss curves, gradient norm and learning rate]({rel}/loss.png)", "",
         curves_caption(first_loss, state["tgt_vocab_size"], smoothing, floor, state.get("initial_repeats_input"),
                        model.cfg.tie_embeddings), "",
@@ -250,12 +241,7 @@ def report_lines(task, cfg, paths: ReportPaths, figures_dir: Path, rel: Path) ->
                   f"{int(best['epoch'])}. It can keep rising after the validation loss stops falling.", "",
                   f"![validation score by epoch]({rel}/valid_score.png)", ""]
     view_at = len(lines)
-    if chosen.kind == "lm":
-        lines += lm_sections(cfg, data_dir, tokenizers, model, samples, by_length, figures_dir, rel,
-                             state["block_size"])
-        view = lm_view(model, tokenizers.target, read_text(data_dir, "valid"), cfg.passage_tokens)
-    else:
-        lines += seq2seq_sections(chosen, cfg, data_dir, tokenizers, model, metrics, samples, by_length,
-                                  figures_dir, rel)
-        view = seq2seq_view(model, tokenizers, samples)
+    lines += family.sections(chosen, cfg, data_dir, tokenizers, model, metrics, samples, by_length, figures_dir,
+                             rel, state)
+    view = family.view(cfg, data_dir, tokenizers, model, samples)
     return Report(lines, view_at, view, metrics, scores, model_line(state))

@@ -1,6 +1,6 @@
 """A task as one class: the base gives every method and attribute a default, and a task overrides
 what differs. The pipeline asks a task for its data, its vocabulary's text and its scores, and reads what
-it declares (its kind, its headline metrics, the files it writes); it never probes for an attribute.
+it declares (its family, its headline metrics, the files it writes); it never probes for an attribute.
 
 A task ``<name>`` is the subclass of ``Task`` in ``lib/tasks/<name>.py`` whose ``name`` is ``<name>``, with a
 ``<name>:`` section in params.yaml: docs/adding-a-task.md walks through one.
@@ -28,7 +28,7 @@ class Task:
     """A sequence-to-sequence task by default: parquet splits of (src, tgt) text, scored by exact match."""
 
     name: str = ""  # the params section, the module (lib/tasks/<name>.py) and every output folder's name
-    kind: str = "seq2seq"  # "seq2seq" (the encoder-decoder) or "lm" (the decoder-only model)
+    family: str = "seq2seq"  # the model family (lib.core.families): the encoder-decoder; LMTask's is "lm"
     FetchConfig: type = NothingToFetch  # the frozen dataclass of the fetch section (none: prepare makes the data)
     PrepareConfig: type = NothingToFetch  # the frozen dataclass of the prepare section (every task sets its own)
     scores: tuple[str, ...] = ("exact_match",)  # the keys of the numbers score() returns
@@ -87,6 +87,10 @@ class Task:
         """Write the splits (``prepared``) into ``out_dir`` from what fetch put in ``source_dir``."""
         raise NotImplementedError(f"task {self.name}: prepare writes its splits")
 
+    def one_vocabulary(self, cfg) -> bool:
+        """Whether tokenize learns one vocabulary for both sides (``cfg``: the tokenize section), or one a side."""
+        return cfg.joint
+
     def tokenizer_texts(self, cfg, data_dir: Path, side: str) -> Iterable[str]:
         """The training text the tokenizer learns from: the train split's sources, targets or both (``side``)."""
         train = read_split(data_dir, "train")
@@ -105,7 +109,7 @@ class Task:
 class LMTask(Task):
     """A decoder-only language model's task: one text per split (train.txt, valid.txt), scored by its loss."""
 
-    kind = "lm"
+    family = "lm"
     scores = ()
     headline = ("loss", "bits_per_char")
     valid_metric = None
@@ -114,6 +118,13 @@ class LMTask(Task):
     @classmethod
     def metric_names(cls) -> tuple[str, ...]:
         return LM_METRICS
+
+    def one_vocabulary(self, cfg) -> bool:
+        """A language model has one side, so one vocabulary; a source's <eos> has no source to end."""
+        if cfg.source_eos:
+            raise ConfigError(f"{self.name}.tokenize.source_eos: applies to translation tasks, not {self.name} "
+                              "(a language model)")
+        return True
 
     def tokenizer_texts(self, cfg, data_dir: Path, side: str) -> Iterable[str]:
         """The training text (a language model has one side)."""

@@ -1,8 +1,8 @@
-"""A stage's params: its section of params.yaml as its frozen config (lib.core.config), by the task's kind, and
+"""A stage's params: its section of params.yaml as its frozen config (lib.core.config), by the task's family, and
 the sections of the stages after it checked before it starts."""
 
-from lib.core.config import STAGE_CONFIGS, STAGES, ConfigError, from_dict, require
-from transformer.config import largest_alpha
+from lib.core.config import STAGES, ConfigError, from_dict
+from lib.core.families import params_family
 from lib.tasks import get_task
 
 
@@ -15,7 +15,8 @@ def stage_config(params: dict, task: str, stage: str):
     section = params.get(task)
     if not isinstance(section, dict) or stage not in section:
         raise ConfigError(f"{task}.{stage}: missing section")
-    cls = {"fetch": chosen.FetchConfig, "prepare": chosen.PrepareConfig}.get(stage) or STAGE_CONFIGS[stage][chosen.kind]
+    cls = ({"fetch": chosen.FetchConfig, "prepare": chosen.PrepareConfig}.get(stage)
+           or params_family(chosen.family).configs[stage])
     return from_dict(cls, section[stage], f"{task}.{stage}")
 
 
@@ -50,16 +51,7 @@ def check_stages_after(params: dict, task: str, stage: str):
         # From ``stage`` on: its own section the stage has checked already, but train's is read below
         cfgs = {name: stage_config(params, task, name) for name in STAGES[STAGES.index(stage):]}
         train, evaluate, report = (cfgs.get(name) for name in ("train", "evaluate", "report"))
-        kind = get_task(task).kind
-        if train and evaluate and kind == "seq2seq" and evaluate.beam_size > 1:  # greedy: no alpha
-            longest, most = train.model.max_len, largest_alpha(train.model.max_len)
-            require(evaluate.alpha <= most, f"{task}.evaluate.alpha",
-                    f"{evaluate.alpha}: the length penalty ((5 + length) / 6) ** alpha overflows float32 at "
-                    f"{task}.train.model.max_len {longest} for an alpha above {most:.1f} (GNMT's: 0.6 to 1)")
-        if train and report and kind == "lm":
-            require(report.passage_tokens <= train.block_size, f"{task}.report.passage_tokens",
-                    f"{report.passage_tokens} is longer than the blocks the model trains on "
-                    f"({task}.train.block_size {train.block_size})")
+        params_family(get_task(task).family).check_together(task, train, evaluate, report)
     except ConfigError as err:
         raise ConfigError(f"{err} (found before {stage} starts: each stage checks the params of those after it)"
                           ) from None

@@ -4,7 +4,7 @@ from pathlib import Path
 
 from tokenizers import processors
 
-from lib.core.config import ConfigError, TokenizeConfig
+from lib.core.config import TokenizeConfig
 from lib.core.files import atomic_dir
 from lib.data.sources import write_manifest
 from lib.data.tokenizer import EOS, JOINT, SOURCE, TARGET, Tokenizers, special_ids, train_tokenizer, write_splits
@@ -32,9 +32,7 @@ def run_prepare(task: str, cfg, out_dir: str | Path, source_dir: str | Path | No
 def run_tokenize(task: str, cfg: TokenizeConfig, data_dir: str | Path, out_dir: str | Path) -> Tokenizers:
     """The tokenize stage: learn from the task's training text only, save into ``out_dir``."""
     chosen = get_task(task)
-    if cfg.source_eos and chosen.kind == "lm":
-        raise ConfigError(f"{task}.tokenize.source_eos: applies to translation tasks, not {task} (a language model)")
-    if cfg.joint or chosen.kind == "lm":
+    if chosen.one_vocabulary(cfg):
         joint = train_tokenizer(cfg, chosen.tokenizer_texts(cfg, data_dir, "both"))
         files, tokenizers = {JOINT: joint}, Tokenizers(joint, joint)
     else:

@@ -68,10 +68,11 @@ def step_work(cfg: LMTrainConfig, vocab_size: int) -> tuple[int, float]:
     return blocks * cfg.block_size, training_flops(cfg.model, vocab_size, [], [cfg.block_size] * blocks)
 
 
-def train_lm(task, cfg: LMTrainConfig, data_dir, tokenizer_dir, model_path, checkpoint_dir, live_dir) -> dict:
-    """``max_iters`` steps of random blocks; model.pt the weights of the best validation loss."""
+def train_lm(task, cfg: LMTrainConfig, data_dir, tokenizer_dir, model_path, checkpoint_dir, live_dir, family) -> dict:
+    """``max_iters`` steps of random blocks; model.pt the weights of the best validation loss. ``family``:
+    lib.train.families' (its loop calls this one)."""
     sampler = torch.Generator().manual_seed(cfg.seed)
-    trainee = set_up(task, cfg, tokenizer_dir)
+    trainee = set_up(task, cfg, tokenizer_dir, family)
     model, device, ctx = trainee.train_model, trainee.device, trainee.ctx
     optimizer = torch.optim.AdamW(weight_decay_groups(trainee.model, cfg.weight_decay), lr=0.0,
                                   betas=(0.9, cfg.beta2), fused=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from lib.model import checkpoint
 from lib.core import distributed
-from lib.core.config import LR_PARAM
+from lib.core.families import params_family
 from lib.train.curves import Curves, truncate_curves
 from lib.core.files import atomic_path
 from lib.train.identity import mismatch, run_identity
@@ -98,7 +98,8 @@ class Run:
                 "no checkpoint was written yet"
             raise DivergedError(
                 f"training diverged at step {step or self.state['step']}: the loss is {loss}. The likely cause is "
-                f"a learning rate too high for this model ({LR_PARAM[self.trainee.kind]}, train.warmup); {kept}")
+                f"a learning rate too high for this model ({params_family(self.trainee.family).lr_param}, "
+                f"train.warmup); {kept}")
 
     def log(self, **metrics):
         self.curves.log(self.state["step"], **metrics)
@@ -116,7 +117,7 @@ class Run:
     def save_model(self, extra: dict, path):
         if self.ctx.is_main:
             t = self.trainee
-            checkpoint.save_model(self.model, t.kind, t.vocab, {**extra, **t.trained_with}, path)
+            checkpoint.save_model(self.model, t.family, t.vocab, {**extra, **t.trained_with}, path)
 
     def finish(self, model_path, source=None) -> dict:
         """Copy ``source`` (default: best.pt) to ``model_path``; under torchrun every process then leaves."""

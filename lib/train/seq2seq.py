@@ -63,9 +63,11 @@ def seq2seq_splits(run: Run, cfg: TrainConfig, data_dir, tokenizer_dir) -> tuple
     return train, valid
 
 
-def train_seq2seq(task, cfg: TrainConfig, data_dir, tokenizer_dir, model_path, checkpoint_dir, live_dir) -> dict:
-    """Epochs of token-budget batches until ``stop_reason``; model.pt the best (or averaged) weights."""
-    trainee = set_up(task, cfg, tokenizer_dir)
+def train_seq2seq(task, cfg: TrainConfig, data_dir, tokenizer_dir, model_path, checkpoint_dir, live_dir,
+                  family) -> dict:
+    """Epochs of token-budget batches until ``stop_reason``; model.pt the best (or averaged) weights. ``family``:
+    lib.train.families' (its loop calls this one)."""
+    trainee = set_up(task, cfg, tokenizer_dir, family)
     # fused: one pass over each parameter, where the foreach kernels take two on a CPU
     optimizer = torch.optim.Adam(trainee.model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9, fused=True)
     run = Run(trainee, cfg, optimizer, length=("epochs", "epoch"),

@@ -9,7 +9,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from lib.data.pairs import Pairs, collate
-from lib.use.inference import LanguageModel
+from lib.use.language_model import LanguageModel
 from lib.use.lines import Written
 from lib.data.tokenizer import special_ids
 from lib.report.attention_maps import attention_maps, visible

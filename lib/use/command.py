@@ -5,7 +5,7 @@ import os
 from pathlib import Path
 
 from lib.core import files
-from lib.core.options import family_options, problems
+from lib.core.options import problems
 from lib.evaluate.options import GENERATION_FILE, model_defaults
 from lib.tasks import task_names
 from lib.use.attention_figures import FIGURE_FILES, LM_ATTENTION_TOKENS, is_a_figure
@@ -15,12 +15,6 @@ SCORE_COLUMNS = ("line", "score", "log_prob", "tokens", "least_likely", "transla
 LM_SCORES = ("tokens", "loss", "perplexity", "bits_per_char")  # --score for an LM: lib.evaluate.evaluation.text_metrics
 AS_EVALUATED = "as the evaluate stage decoded (the model's generation.json)"
 SAMPLE_SEPARATOR = "-" * 15  # between an LM's samples, as nanoGPT's sample.py prints them
-
-# The options of each kind of task; given for the other kind, they are an error rather than ignored.
-TRANSLATION_OPTIONS = ("input", *family_options("seq2seq"))
-LM_OPTIONS = ("prompt", *family_options("lm"))
-# What steers a search or sampling: an error with --score, which generates nothing.
-GENERATION_OPTIONS = {"seq2seq": ("beam_size", "max_extra_tokens", "n_best"), "lm": LM_OPTIONS}
 
 
 def replaces(output: str, path: str) -> bool:
@@ -46,29 +40,20 @@ def flag(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
-def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace, kind: str, directory: Path):
-    """One error naming every option that is missing, out of range, or set but meant for the other kind of task,
-    and every output that would replace what it reads (--input, --score) or what ``directory``, the models
-    directory, holds. An option not given takes the model's default (lib.evaluate.options.model_defaults)."""
-    given = {dest for dest in (*TRANSLATION_OPTIONS, *LM_OPTIONS) if getattr(args, dest) != parser.get_default(dest)}
-    mine = TRANSLATION_OPTIONS if kind == "seq2seq" else LM_OPTIONS
+def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace, family, every_option: tuple[str, ...],
+                  directory: Path):
+    """One error naming every option that is missing, out of range, or set but meant for another model family
+    than the task's (``family``, lib.use.families'; ``every_option``: all the families' options), and every
+    output that would replace what it reads (--input, --score) or what ``directory``, the models directory,
+    holds. An option not given takes the model's default (lib.evaluate.options.model_defaults)."""
+    given = {dest for dest in every_option if getattr(args, dest) != parser.get_default(dest)}
     for dest, value in model_defaults(directory).items():
-        if dest in mine and dest not in given and dest != "n_best":  # --n-best unset: one output, no table
+        if dest in family.options and dest not in given and dest != "n_best":  # --n-best unset: one output
             setattr(args, dest, value)
-    if kind == "seq2seq":
-        errors = [] if args.input else ["--input is required to translate or score (a file, or - for stdin)"]
-        ranged = ("beam_size", "alpha", "max_extra_tokens", "max_tokens")
-        if args.n_best is not None and not 1 <= args.n_best <= args.beam_size:
-            errors.append(f"--n-best {args.n_best}: must be in [1, --beam-size {args.beam_size}] (the beam holds "
-                          "that many outputs)")
-    else:
-        errors = [] if args.prompt or args.score else [
-            "--prompt is required (and must not be empty) to sample from the LM (- reads it from stdin), or "
-            "--score FILE to score a text"]
-        ranged = ("max_new_tokens", "temperature", "top_k", "top_p", "num_samples", "seed")
-    errors += problems({dest: getattr(args, dest) for dest in ranged}, flag)
+    errors = family.command_errors(args)
+    errors += problems({dest: getattr(args, dest) for dest in family.ranged}, flag)
     if args.score:
-        if generating := [flag(dest) for dest in GENERATION_OPTIONS[kind] if dest in given]:
+        if generating := [flag(dest) for dest in family.steering if dest in given]:
             errors.append(f"{', '.join(generating)}: not with --score (it scores the text given; nothing is generated)")
         if args.score == "-" and args.input == "-":
             errors.append("--input and --score cannot both be stdin")
@@ -87,10 +72,8 @@ def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace, kin
     errors += [files.written_by(f"{option} {path}", how, directory / name, stage)
                for option, path in (("--output", args.output), ("--attention", args.attention)) if path and path != "-"
                for name, stage in MODEL_FILES.items() if (how := files.placed(path, directory / name))]
-    others = LM_OPTIONS if kind == "seq2seq" else TRANSLATION_OPTIONS
-    if misplaced := [flag(dest) for dest in others if dest in given]:
-        errors.append(f"{', '.join(misplaced)}: not for {args.task} "
-                      f"({'translation' if kind == 'seq2seq' else 'a language model'})")
+    if misplaced := [flag(dest) for dest in every_option if dest in given and dest not in family.options]:
+        errors.append(f"{', '.join(misplaced)}: not for {args.task} ({family.title})")
     if errors:
         raise ValueError("; ".join(errors))
 

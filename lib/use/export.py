@@ -24,6 +24,7 @@ from lib.data.tokenizer import special_ids
 from lib.evaluate.options import GENERATION_FILE
 from lib.model import checkpoint
 from lib.use import exported
+from lib.use.families import USES
 from lib.report.captions import architecture, model_line
 from lib.tasks import get_task, task_names
 from transformer.model import parameter_counts
@@ -52,7 +53,7 @@ def export(task: str, models: Path, metrics: Path | None, out: Path):
 def card(task: str, model, state: dict, metrics: dict) -> str:
     """README.md: the model card, with the Hugging Face hub's metadata block first."""
     chosen = get_task(task)
-    kind = "text-generation" if chosen.kind == "lm" else "translation"
+    kind = USES[chosen.family].pipeline_tag
     flat = {key: value for key, value in flatten(metrics).items() if not key.endswith("by_length")}
     scores = [f"| {key} | {value:.4f} |" if isinstance(value, float) else f"| {key} | {value} |"
               for key, value in flat.items() if not key.endswith("signature")]

@@ -3,6 +3,7 @@ line (lib.use.generate) share. Input is read as the data was prepared (NFC, stri
 read, in whole or in part, is named in a message rather than stopping the others."""
 
 import unicodedata
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -11,6 +12,12 @@ import torch
 from lib.data.tokenizer import decode, encode_sources, special_ids, unknown_note
 from lib.evaluate.decode import score_outputs, translate_n_best
 from transformer.greedy import Hypothesis
+
+
+def warn_each(messages: list[str], what: str):
+    """Each message a UserWarning naming ``what``, raised where the Python API's caller called it."""
+    for message in messages:
+        warnings.warn(f"{what}: {message}", stacklevel=3)
 
 
 def as_list(values, what: str, items: str) -> list:

@@ -19,6 +19,7 @@ every core, so requests side by side would only share them, each slower. The ser
 """
 
 import argparse
+import html
 import json
 import logging
 import threading
@@ -29,8 +30,9 @@ import torch
 from flask import Flask, Response, current_app, jsonify, request
 from werkzeug.exceptions import HTTPException, NotFound
 
-from lib.core.options import OPTIONS, family_options, served_defaults
+from lib.core.options import OPTIONS, served_defaults
 from lib.use import inference
+from lib.use.families import USES, UseFamily
 from lib.use.request_fields import BadRequest, body_of, checked, flag, option, text
 from lib.report.attention_view import served_view
 from lib.report.pages import STATIC, attention_view, page
@@ -48,25 +50,23 @@ class Served:
     """What the app holds: the task's model, loaded once, and the lock that lets one request run it at a time."""
 
     task: str
+    family: UseFamily  # the model's (lib.use.families): its route, options and page
     model: inference.Translator | inference.LanguageModel
     metrics: Path | None
     defaults: dict  # the model's, each within the server's bounds (lib.core.options.served_defaults)
     notes: list[str]  # a default brought down to a bound, said in /api/info and logged at start
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    @property
-    def lm(self) -> bool:
-        return isinstance(self.model, inference.LanguageModel)
-
 
 def served() -> Served:
     return current_app.extensions["served"]
 
 
-def only(kind_lm: bool, route: str):
-    if served().lm != kind_lm:
-        raise NotFound(f"{route} is for {'a language model' if kind_lm else 'a translation task'}; this server's "
-                       f"model ({served().task}) takes {'/api/generate' if served().lm else '/api/translate'}")
+def only(route: str):
+    """A 404 for a route of another model family than the served model's."""
+    if (family := served().family).route != route:
+        meant = next(other for other in USES.values() if other.route == route)
+        raise NotFound(f"{route} is for {meant.title}; this server's model ({served().task}) takes {family.route}")
 
 
 def bad_request(err: BadRequest):
@@ -88,20 +88,16 @@ def healthz():
 
 def info():
     state, shown = served(), served().metrics
-    return jsonify(task=state.task, kind="lm" if state.lm else "seq2seq",
+    return jsonify(task=state.task, kind=state.family.name,
                    trained_with=json.loads(json.dumps(state.model.state, default=str)),
-                   decodes_with={name: state.defaults[name] for name in (LM if state.lm else TRANSLATION)},
+                   decodes_with={name: state.defaults[name] for name in state.family.served},
                    notes=state.notes,
                    metrics=json.loads(shown.read_text()) if shown and shown.is_file() else None)
 
 
-TRANSLATION = family_options("seq2seq", served=True)  # the options /api/translate takes
-LM = family_options("lm", served=True)  # and /api/generate
-
-
 def translate():
-    only(False, "/api/translate")
-    body = body_of({"text", "attention", *TRANSLATION}, "text")
+    only("/api/translate")
+    body = body_of({"text", "attention", *served().family.served}, "text")
     texts = body["text"]
     one = isinstance(texts, str)
     texts = [texts] if one else texts
@@ -132,10 +128,10 @@ def translate():
 
 
 def generate():
-    only(True, "/api/generate")
-    body = body_of({"prompt", "stream", *LM}, "prompt")
+    only("/api/generate")
+    body = body_of({"prompt", "stream", *served().family.served}, "prompt")
     prompt = text(body["prompt"], "prompt")
-    options = {name: option(body, name, served().defaults[name]) for name in LM}
+    options = {name: option(body, name, served().defaults[name]) for name in served().family.served}
     state = served()
     if not flag(body, "stream"):
         with state.lock, torch.inference_mode():
@@ -174,8 +170,9 @@ def create_app(task: str, models: str | Path, metrics: str | Path | None = None)
     defaults, notes = served_defaults(model.defaults)
     for note in notes:
         log.warning("%s", note)
-    app.extensions["served"] = Served(task, model, Path(metrics) if metrics else None, defaults, notes)
-    app.extensions["page"] = app_page(task, isinstance(model, inference.LanguageModel), defaults)
+    family = USES[model.state["kind"]]
+    app.extensions["served"] = Served(task, family, model, Path(metrics) if metrics else None, defaults, notes)
+    app.extensions["page"] = app_page(task, family, defaults)
     app.register_error_handler(BadRequest, bad_request)
     app.register_error_handler(HTTPException, http_error)
     app.register_error_handler(Exception, unforeseen)
@@ -186,20 +183,11 @@ def create_app(task: str, models: str | Path, metrics: str | Path | None = None)
     return app
 
 
-def app_page(task: str, lm: bool, defaults: dict) -> str:
-    """The served model's page: its form (the model's default options filled in), the output, and the report's
-    attention view."""
-    what, box = ("Continue a text", "ROMEO:") if lm else ("Translate", "")
+def app_page(task: str, family: UseFamily, defaults: dict) -> str:
+    """The served model's page: its family's form (the model's default options filled in), the output, and the
+    report's attention view."""
     most = {name: f"{option.served_high:g}" for name, option in OPTIONS.items() if option.served_high}
-    form = (f'<form id="ask"><label for="input">{what}</label><br><textarea id="input" rows="3" cols="80" '
-            f'placeholder="{"a prompt" if lm else "a sentence"}">{box}</textarea><br>'
-            + (f'<label>tokens <input id="max_new_tokens" type="number" value="{defaults["max_new_tokens"]}" min="1" '
-               f'max="{most["max_new_tokens"]}"></label> <label>temperature <input id="temperature" type="number" '
-               f'value="{defaults["temperature"]}" step="0.1" min="0.1"></label> '
-               if lm else f'<label>beam size <input id="beam_size" type="number" value="{defaults["beam_size"]}" '
-               f'min="1" max="{most["beam_size"]}"></label> ')
-            + '<button type="submit" id="submit">Run</button></form>')
-    body = (f'<main data-kind="{"lm" if lm else "seq2seq"}"><h1>{task}</h1>\n{form}\n'
+    body = (f'<main data-kind="{family.name}"><h1>{html.escape(task)}</h1>\n{family.form(defaults, most)}\n'
             '<h2>Output</h2><pre id="output"></pre><p class="legend" id="notes"></p>\n'
             + attention_view("The attention that wrote the output, every kind, layer and head.") + "</main>")
     return page(f"{task}: the model", body, (STATIC / "attention.js").read_text() + (STATIC / "app.js").read_text())

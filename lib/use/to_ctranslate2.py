@@ -17,6 +17,7 @@ import torch
 from ctranslate2.specs import common_spec, transformer_spec
 
 from lib.core.files import atomic_dir
+from lib.use.families import USES
 from lib.data.tokenizer import BOS, EOS, PAD, UNK, special_ids
 from lib.evaluate.options import GENERATION_FILE
 from lib.model import checkpoint
@@ -26,10 +27,9 @@ OPTIONS_FILE = "translate_options.json"
 WRITES = ("model.bin", "config.json", "*vocabulary.json", "*vocabulary.txt", OPTIONS_FILE)
 
 
-def unsupported(kind: str, cfg, alpha: float) -> list[str]:
+def unsupported(family: str, cfg, alpha: float) -> list[str]:
     """What of the model and its decoding CTranslate2 cannot run as we do, each naming its param."""
-    reasons = [] if kind == "seq2seq" else ["a decoder-only LM: CTranslate2's Translator runs seq2seq models "
-                                            "(this export writes those only)"]
+    reasons = [refused] if (refused := USES[family].ctranslate2) else []
     if cfg.positional in ("rope", "alibi"):
         reasons.append(f"model.positional {cfg.positional}: CTranslate2's Transformer has no {cfg.positional} in "
                        "cross attention (sinusoidal and learned positions convert)")
