@@ -1,7 +1,7 @@
 """fetch@<task>: download (checked against published sums) or copy the task's source files into --out."""
 
 from lib.stage.cli import DIRECTORY, stage_main
-from lib.tasks.stages import run_fetch
+from lib.tasks.writing import run_fetch
 
 READS = []  # the paths the stage reads, as --options
 WRITES = {"out": DIRECTORY}  # and those it writes

@@ -1,7 +1,7 @@
 """prepare@<task>: make the task's data splits, or read them from the files fetch put in --source, into --out."""
 
 from lib.stage.cli import DIRECTORY, stage_main
-from lib.tasks.stages import run_prepare
+from lib.tasks.writing import run_prepare
 
 READS = ["source"]  # the paths the stage reads, as --options
 WRITES = {"out": DIRECTORY}  # and those it writes

@@ -1,7 +1,7 @@
 """tokenize@<task>: learn the vocabulary from the training split, save it into --out (a directory)."""
 
 from lib.stage.cli import DIRECTORY, stage_main
-from lib.tasks.stages import run_tokenize
+from lib.tasks.writing import run_tokenize
 
 READS = ["data"]  # the paths the stage reads, as --options
 WRITES = {"out": DIRECTORY}  # and those it writes

@@ -60,7 +60,7 @@ def check_rerunnable(outputs: dict[tuple[str, str], Path], task: str = "cumsum")
 
 def fetch_and_prepare(task: str, fetch_cfg, prepare_cfg, out: Path) -> Path:
     """The fetch stage, then prepare, as `dvc repro` runs them; the fetched files go beside ``out``."""
-    from lib.tasks.stages import run_fetch, run_prepare
+    from lib.tasks.writing import run_fetch, run_prepare
 
     sources = out.with_name(out.name + "_sources")
     run_fetch(task, fetch_cfg, sources)

@@ -35,7 +35,7 @@ def test_bf16_attention_stays_finite_and_close_to_fp32(scale):
 
 
 def test_training_step_and_cached_decoding_on_cuda():
-    from transformer.greedy import Decoder
+    from transformer.decoding import Decoder
 
     torch.manual_seed(0)
     model = build_model(model_config(tie_embeddings=True), "seq2seq", V, V, True, fast=True).cuda()

@@ -11,7 +11,7 @@ from lib.data.pairs import Pairs, collate, token_budget_batches
 from lib.evaluate import by_length
 from lib.report.length_study import breaking_length
 from lib.tasks import cumsum
-from lib.tasks.stages import run_prepare
+from lib.tasks.writing import run_prepare
 from lib.data.tokenizer import SpecialIds
 
 IDS = SpecialIds(pad=0, bos=1, eos=2, unk=3)

@@ -7,7 +7,8 @@ import re
 import pytest
 import torch
 
-from transformer.greedy import Decoder, Hypothesis, greedy_search, length_penalty
+from transformer.decoding import Decoder, Hypothesis, length_penalty
+from transformer.greedy import greedy_search
 from transformer import beam
 from transformer.beam import beam_search
 from transformer.sampling import sample, top_k_filter, top_p_filter

@@ -78,7 +78,7 @@ def written(root):
 
 def prepare(tmp_path, params: dict, task: str):
     """Write ``params`` to tmp_path/params.yaml and run the task's prepare and tokenize stages there."""
-    from lib.tasks.stages import run_tokenize
+    from lib.tasks.writing import run_tokenize
     from lib.tasks.params import stage_config
     from tests.conftest import fetch_and_prepare
 

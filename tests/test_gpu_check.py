@@ -225,13 +225,13 @@ def small_step():
 
 def test_gpu_traffic_takes_the_gpu_step_that_mfu_counts():
     """One training step of a small model on fake tensors, on the GPU's paths: the products it runs are those
-    that lib.model.metrics.training_flops counts for MFU (a batch without padding), its dropout is torch's fused
+    that lib.model.hardware.training_flops counts for MFU (a batch without padding), its dropout is torch's fused
     one, its attention CUDA's memory-efficient kernel (zeroing fully masked rows, which a CPU skips), its Adam
     has its state; and lib is as it was after it."""
     import transformer.fast.attention
     import transformer.fast.dropout
     from tools import gpu_traffic
-    from lib.model.metrics import training_flops
+    from lib.model.hardware import training_flops
 
     cfg, V, ids, batch = small_step()
     before = transformer.fast.dropout.eager_on_cpu, transformer.fast.attention.eager_on_cpu, torch.nn.functional.dropout

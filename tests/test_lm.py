@@ -21,7 +21,7 @@ from lib.report.reporting import ReportPaths
 from lib.report import reporting
 from lib.train import run
 from lib.data import tokenizer
-from lib.tasks.stages import run_tokenize
+from lib.tasks.writing import run_tokenize
 from lib.train import lm as lm_loop, training
 from lib.core.config import ConfigError, LMEvaluateConfig, LMReportConfig, LMTrainConfig, TokenizeConfig, from_dict
 from lib.core.text import load_params
@@ -31,7 +31,7 @@ from lib.train.lm import weight_decay_groups
 from transformer.schedules import cosine_lr
 from lib.data.sources import sha256
 from lib.tasks import shakespeare
-from lib.tasks.stages import run_fetch
+from lib.tasks.writing import run_fetch
 from tests.conftest import ROOT, Terminal, check_rerunnable, fetch_and_prepare, model_config, serving
 
 SHARED_TEXT = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"

@@ -379,7 +379,7 @@ def test_training_flops_counts_the_matmuls_a_training_step_runs(kind, modern):
     from torch.utils.flop_counter import FlopCounterMode
 
     from lib.data.pairs import Batch
-    from lib.model.metrics import training_flops
+    from lib.model.hardware import training_flops
     from lib.model.losses import lm_loss, seq2seq_loss
     from tests.test_decoding import IDS
 
@@ -402,24 +402,24 @@ def test_training_flops_counts_the_matmuls_a_training_step_runs(kind, modern):
 def test_a_peak_on_a_slow_kernel_is_timed_on_small_products(monkeypatch):
     """bfloat16 on a CPU without AVX-512 multiplies at ~1 GFLOP/s: the 2048 products that reach a real
     kernel's peak would take minutes there (gpu_check's dry run ran past its 300 s on such a CPU)."""
-    from lib.model import metrics
+    from lib.model import hardware
 
     cpu, bf16 = torch.device("cpu"), torch.bfloat16
-    assert metrics.square_sizes(cpu, bf16, {"avx", "avx2", "fma"}) == (256,)
-    assert metrics.square_sizes(cpu, bf16, {"avx2", "avx512f"}) == (1024, 2048)  # 0.8x float32's rate
-    assert metrics.square_sizes(cpu, bf16, {"avx2", "amx_bf16"}) == (1024, 2048)
-    assert metrics.square_sizes(cpu, bf16, set()) == (1024, 2048)  # not x86 Linux: nothing known
-    assert metrics.square_sizes(cpu, torch.float32, {"avx2"}) == (1024, 2048)
-    assert metrics.square_sizes(torch.device("cuda"), bf16) == (4096, 8192)
+    assert hardware.square_sizes(cpu, bf16, {"avx", "avx2", "fma"}) == (256,)
+    assert hardware.square_sizes(cpu, bf16, {"avx2", "avx512f"}) == (1024, 2048)  # 0.8x float32's rate
+    assert hardware.square_sizes(cpu, bf16, {"avx2", "amx_bf16"}) == (1024, 2048)
+    assert hardware.square_sizes(cpu, bf16, set()) == (1024, 2048)  # not x86 Linux: nothing known
+    assert hardware.square_sizes(cpu, torch.float32, {"avx2"}) == (1024, 2048)
+    assert hardware.square_sizes(torch.device("cuda"), bf16) == (4096, 8192)
 
     def avx2(a, b, products=1):  # bfloat16 on an AVX2 CPU: a @ b slowest, a @ b.T and a.T @ b faster
         sizes.append(a.size(0))
         return 20e9 if not a.is_contiguous() else 12e9 if not b.is_contiguous() else 1.3e9
 
     sizes = []
-    monkeypatch.setattr(metrics, "product_rate", avx2)
-    monkeypatch.setattr(metrics, "cpu_flags", lambda: {"avx2"})
-    assert metrics.matmul_peak(bf16, cpu) == 20e9 and set(sizes) == {256}  # the fastest layout, small products
+    monkeypatch.setattr(hardware, "product_rate", avx2)
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: {"avx2"})
+    assert hardware.matmul_peak(bf16, cpu) == 20e9 and set(sizes) == {256}  # the fastest layout, small products
 
 
 def training_models(device: str, **overrides):

@@ -27,7 +27,7 @@ from lib.model import losses
 from lib.report.reporting import ReportPaths
 from lib.report import attention_maps, reporting
 from lib.data import tokenizer
-from lib.tasks.stages import run_tokenize
+from lib.tasks.writing import run_tokenize
 from lib.train import averaging, seq2seq, training
 from lib.core.config import ConfigError, ReportConfig
 from lib.tasks.params import stage_config
@@ -35,7 +35,7 @@ from lib.data.pairs import read_split
 from lib.use.inference import Output, Translator, load
 from lib.data.sources import sha256
 from lib.tasks import multi30k
-from lib.tasks.stages import run_fetch
+from lib.tasks.writing import run_fetch
 from tests.conftest import ROOT, check_rerunnable, fetch_and_prepare, offline_fetch_line, serving
 
 SHARED = ROOT.parent / "shared" / "data" / "multi30k"
@@ -409,7 +409,7 @@ def test_source_eos_ends_every_source_the_model_reads(tmp_path, corpus, monkeypa
     """tokenize.source_eos is kept in the tokenizer file (its source side's post-processor), so training,
     evaluation and lib.use.generate all give the model the same sources; targets never get the <eos>."""
     from lib.use import lines
-    from transformer.greedy import Hypothesis
+    from transformer.decoding import Hypothesis
 
     params = tiny_params(corpus, joint=joint)
     params["multi30k"]["tokenize"]["source_eos"] = source_eos
@@ -464,7 +464,7 @@ def test_generate_writes_each_lines_n_best_with_the_scores_beam_search_ranked_th
     """--n-best K: a table of each translated line's K best outputs, best first; rank 1 is the plain output,
     and each score is the model's own log-probability of that output over the length penalty."""
     from lib.use import command, generate, lines
-    from transformer.greedy import length_penalty
+    from transformer.decoding import length_penalty
     from lib.evaluate.decode import score_outputs
     from lib.data.tokenizer import encode_sources, special_ids
 
@@ -501,7 +501,7 @@ def test_generate_scores_given_outputs_as_the_model_would(tmp_path, trained, cap
     is minus the summed cross-entropy training's own loss gives it; lines it cannot use are named."""
     from lib.use import command, generate
     from lib.data.pairs import Pairs, collate
-    from transformer.greedy import length_penalty
+    from transformer.decoding import length_penalty
     from transformer.masks import padding_mask, target_mask
     from lib.data.tokenizer import encode, encode_sources, special_ids
 

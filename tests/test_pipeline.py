@@ -67,7 +67,7 @@ def test_dvc_repro_end_to_end(tmp_path):
 NOT_TRAINING = {"transformer/beam.py": "evaluate", "transformer/sampling.py": "evaluate",
                 "lib/evaluate/decode.py": "evaluate", "lib/evaluate/by_length.py": "evaluate",
                 "lib/evaluate/options.py": "evaluate", "lib/report/figures.py": "report",
-                "lib/report/sections.py": "report", "lib/tasks/stages.py": "tokenize",
+                "lib/report/sections.py": "report", "lib/tasks/writing.py": "tokenize",
                 "lib/use/generate.py": None, "lib/use/serve.py": None}
 # Code that training runs: the model, the loss, the data pipeline, the per-epoch validation score.
 TRAINING = ["transformer/model.py", "transformer/attention.py", "transformer/loss.py", "transformer/greedy.py",

@@ -40,7 +40,7 @@ from lib.core import files
 from lib.report import reporting, sections
 from lib.report.length_study import breaking_length
 from lib.data import tokenizer
-from lib.tasks.stages import run_tokenize
+from lib.tasks.writing import run_tokenize
 from lib.train import averaging, seq2seq, training
 from lib.model import device as lib_device
 from lib.stage.cli import DIRECTORY, FILE, INPUTS
@@ -53,7 +53,7 @@ from transformer.masks import padding_mask, target_mask
 from transformer.model import build_model, parameter_counts
 from transformer.loss import smoothed_loss_floor
 from lib.tasks import cumsum
-from lib.tasks.stages import run_fetch, run_prepare
+from lib.tasks.writing import run_fetch, run_prepare
 from tests.conftest import (ROOT, TINY_PARAMS, Terminal, check_rerunnable, model_config, run_stage, shorten_splits,
                             torch_compile_defaults)
 
@@ -231,7 +231,7 @@ def test_an_alpha_past_the_models_bound_is_named_as_the_param_before_evaluating(
 
 
 def test_a_wrong_output_is_a_search_error_only_where_the_model_scores_the_reference_higher():
-    from transformer.greedy import Hypothesis
+    from transformer.decoding import Hypothesis
     from lib.evaluate.evaluation import search_or_model
 
     def h(tokens, score):

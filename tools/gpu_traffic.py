@@ -7,7 +7,7 @@ operator it dispatches is recorded with its FLOPs (torch.utils.flop_counter's fo
 bytes it moves: each tensor it reads or writes, counted over the elements its strides reach (a broadcast
 row once, not once per use); a view, or an allocation, moves nothing. A GPU's time for the operator is then
 at least max(FLOPs / peak, bytes / bandwidth), and the step's, their sum: what it would take were every
-kernel at the hardware's limit. "mfu_ceiling" is the MFU of that time (lib.model.metrics.training_flops, on the
+kernel at the hardware's limit. "mfu_ceiling" is the MFU of that time (lib.model.hardware.training_flops, on the
 real lengths, over it and the peak): no eager run of these operators can do better.
 
 The step takes the GPU's paths, not the CPU's: torch's dropout (one fused kernel, native_dropout, as CUDA

@@ -13,12 +13,12 @@ Run from the repository root with the venv active:
         [--device cpu|cuda] [--compile] [--data DIR --tokenizer DIR] [--max-tokens 2048 [4096 ...]]
 Prints one JSON object (a line) per --max-tokens; tokens are the non-pad source plus target tokens.
 "warmup_round_s" is the untimed first round's seconds: with --compile, mostly the compiling.
-MFU: the model's matmul FLOPs per second (lib.model.metrics.training_flops, on the
+MFU: the model's matmul FLOPs per second (lib.model.hardware.training_flops, on the
 real lengths) over this machine's measured matmul peak in the same precision
 (square products of 1024 and 2048 on a CPU, 4096 and 8192 on a GPU, in the
 three layouts of a training step's products, best of several; 256 on a CPU
 without a bfloat16 kernel of its own, whose ~1 GFLOP/s would take minutes on
-the larger ones: lib.model.metrics.square_sizes), measured again after every round:
+the larger ones: lib.model.hardware.square_sizes), measured again after every round:
 "mfu" is the fastest round over the highest peak. A shared machine's speed
 drifts by tens of percent within seconds, and the extremes of two noisy series
 rarely fall together, so "mfu_paired" also times every step against one of the
@@ -53,7 +53,7 @@ from torch import nn
 from lib.data.pairs import Batch, Pairs, collate, read_split, token_budget_batches
 from lib.model.device import keep_freed_memory
 from lib.model.losses import seq2seq_loss
-from lib.model.metrics import LAYOUTS, PRECISION_DTYPES, clock, matmul_peak, product_rate, square_sizes, training_flops
+from lib.model.hardware import LAYOUTS, PRECISION_DTYPES, clock, matmul_peak, product_rate, square_sizes, training_flops
 from lib.data.tokenizer import SpecialIds, encode_pairs, load_tokenizers, special_ids
 from transformer.config import ModelConfig
 from transformer.fast.compile import compile_model

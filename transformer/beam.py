@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from transformer.config import SpecialIds
-from transformer.greedy import Decoder, Hypothesis, length_penalty, limits, never_pad_or_bos, strip
+from transformer.decoding import Decoder, Hypothesis, length_penalty, limits, never_pad_or_bos, strip
 
 
 class Finished:

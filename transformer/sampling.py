@@ -4,7 +4,7 @@ from collections.abc import Iterator
 
 import torch
 
-from transformer.greedy import check_eval_mode
+from transformer.decoding import check_eval_mode
 
 
 @torch.no_grad()

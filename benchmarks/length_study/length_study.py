@@ -43,13 +43,13 @@ import matplotlib.pyplot as plt  # noqa: E402 - after matplotlib.use: the backen
 
 from lib.evaluate import by_length, evaluation
 from lib.evaluate.evaluation import EvaluatePaths
-from lib.tasks.stages import run_tokenize
+from lib.tasks.writing import run_tokenize
 from lib.train import training  # noqa: E402 - after matplotlib.use, as the imports above
 from lib.core.config import ConfigError
 from lib.core.text import load_params, parse_yaml
 from lib.tasks.params import stage_config  # noqa: E402 - after matplotlib.use, as the imports above
 from lib.tasks import cumsum  # noqa: E402 - after matplotlib.use, as the imports above
-from lib.tasks.stages import run_prepare
+from lib.tasks.writing import run_prepare
 from tools.results import header
 
 HERE = Path(__file__).resolve().parent

@@ -35,14 +35,14 @@ import torch.nn.functional as F
 from lib.evaluate import evaluation
 from lib.evaluate.evaluation import EvaluatePaths
 from lib.model import setup
-from lib.tasks.stages import run_tokenize
+from lib.tasks.writing import run_tokenize
 from lib.train import training
 from lib.core.text import load_params
 from lib.train.curves import read_curves
 from lib.tasks.params import stage_config
 from lib.model.setup import repeats_input
 from lib.train.families import TRAINING
-from lib.tasks.stages import run_prepare
+from lib.tasks.writing import run_prepare
 from lib.data.tokenizer import SpecialIds
 from transformer.masks import padding_mask, target_mask
 from transformer.model import build_model

@@ -35,9 +35,9 @@ from lib.train.lm import weight_decay_groups
 from transformer.schedules import cosine_lr
 from transformer.model import build_model
 from lib.tasks import shakespeare
-from lib.tasks.stages import run_fetch, run_prepare
+from lib.tasks.writing import run_fetch, run_prepare
 from lib.data.tokenizer import encode_text, load_tokenizers
-from lib.tasks.stages import run_tokenize
+from lib.tasks.writing import run_tokenize
 from tools.results import header
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -115,14 +115,14 @@ def write_corpus(root: Path, n_train: int, seed: int = 0):
 def tokens_a_step(tokenizer_dir: Path, train: dict, vocab_size: int) -> dict:
     """The mean real (non-pad) tokens a side in the shipped batch (train.max_tokens, train.batch_unit), over
     an epoch of the written ids, with accumulate's batches to a step; the pairs train skips as too long; and
-    the base model's mean training FLOPs a step (lib.model.metrics.training_flops, on the real lengths)."""
+    the base model's mean training FLOPs a step (lib.model.hardware.training_flops, on the real lengths)."""
     import torch
 
     from lib.core.config import ModelConfig
     from lib.data.pairs import token_budget_batches
     from lib.data.token_store import MappedPairs
     from lib.model.lengths import fit_lengths
-    from lib.model.metrics import training_flops
+    from lib.model.hardware import training_flops
 
     pairs, skipped = fit_lengths(MappedPairs(tokenizer_dir, "train"), train["model"]["max_len"], "train", "skip")
     batches = token_budget_batches(pairs, train["max_tokens"], torch.Generator().manual_seed(0), train["batch_unit"])

@@ -15,8 +15,6 @@ import torch
 from lib.core.files import not_as_written
 from transformer.config import SpecialIds
 
-SPLITS = ("train", "valid", "test")
-
 
 def split_path(data_dir: str | Path, split: str) -> Path:
     return Path(data_dir) / f"{split}.parquet"

@@ -1,7 +1,7 @@
 """The fetch stage's means: a task's source files downloaded, or copied from a local copy, into sources/<task>.
 
 A download is streamed to a temporary file and checked against its published sha256 before it counts;
-lib.tasks.stages.run_fetch writes the directory whole (lib.core.files.atomic_dir), so a failed or
+lib.tasks.writing.run_fetch writes the directory whole (lib.core.files.atomic_dir), so a failed or
 cut download leaves nothing that looks complete. manifest.json says where each file came from.
 """
 
@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lib.core.config import ConfigError
+
+HUB_SPLITS = {"train": "train", "valid": "validation", "test": "test"}  # our split name -> the hub's
 
 MANIFEST = "manifest.json"
 

@@ -3,7 +3,7 @@ or, for a task with an extra split of every length (cumsum's length study), exac
 
 import pandas as pd
 
-from lib.tasks.base import Task
+from lib.tasks.base import Task, exact_matches
 
 # Source lengths in words, for BLEU by length: each group holds 75-234 of Multi30k's 1,000 test sentences.
 LENGTH_GROUPS = ((1, 7), (8, 9), (10, 11), (12, 13), (14, 16), (17, None))
@@ -46,7 +46,7 @@ def lengths_as_numbers(by_length: dict) -> dict[int, float]:
 
 def exact_match_by_length(sources: list[str], hypotheses: list[str], references: list[str]) -> dict[int, float]:
     """{1: exact match of the sequences with 1 digit, ...} (see share_by_length)"""
-    return share_by_length(sources, [h == r for h, r in zip(hypotheses, references)])
+    return share_by_length(sources, exact_matches(hypotheses, references))
 
 
 def extra_split_metrics(study: pd.DataFrame, hypotheses: list[str], test: pd.DataFrame) -> tuple[dict, pd.DataFrame]:

@@ -7,7 +7,8 @@ import torch.nn.functional as F
 from lib.data.pairs import Pairs, SpecialIds, collate, token_budget_batches
 from lib.model.translate import source_batches
 from transformer.beam import beam_search
-from transformer.greedy import Hypothesis, check_alpha, check_eval_mode, greedy_search
+from transformer.decoding import Hypothesis, check_alpha, check_eval_mode
+from transformer.greedy import greedy_search
 from transformer.masks import padding_mask, target_mask
 
 

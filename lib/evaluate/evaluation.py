@@ -23,18 +23,18 @@ from lib.model import checkpoint
 from lib.core.config import EvaluateConfig, LMEvaluateConfig
 from lib.data.pairs import Pairs, read_split, read_text
 from lib.core.files import atomic_path
-from transformer.greedy import Hypothesis, check_alpha
+from transformer.decoding import Hypothesis, check_alpha
 from transformer.sampling import sampled
 from lib.evaluate.options import write_defaults
 from lib.evaluate.decode import cut_to_fit, score_outputs, translate_n_best
 from lib.model.translate import greedy_translate
-from lib.model.metrics import perplexity
+from lib.model.losses import perplexity
 from lib.model.losses import mean_loss
 from lib.model.lengths import check_evaluated_lengths, fit_lengths
 from lib.core.distributed import device_named
 from lib.evaluate.by_length import extra_split_metrics, score_by_source_length
 from lib.tasks import get_task
-from lib.tasks.base import Task
+from lib.tasks.base import Task, exact_matches
 from lib.data.tokenizer import continuation, decode, encode_pairs, encode_text, lm_ids, special_ids
 
 
@@ -153,7 +153,7 @@ def sample_rows(chosen: Task, split: str, frame: pd.DataFrame, hypotheses: list[
     references, scored = frame["tgt"].tolist(), chosen.sentence_score
     return pd.DataFrame({
         "split": split, "source": frame["src"].tolist(), "reference": references, "greedy": hypotheses,
-        "correct": [h == r for h, r in zip(hypotheses, references)],
+        "correct": exact_matches(hypotheses, references),
         "score": [scored(h, r) for h, r in zip(hypotheses, references)],
     })
 

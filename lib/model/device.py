@@ -9,7 +9,7 @@ import re
 import torch
 
 from lib.core import distributed
-from lib.model.metrics import BF16_KERNEL_FLAGS, NATIVE_BF16_FLAGS, PRECISION_DTYPES, cpu_flags, matmul_peak
+from lib.model.hardware import BF16_KERNEL_FLAGS, NATIVE_BF16_FLAGS, PRECISION_DTYPES, cpu_flags, matmul_peak
 
 log = logging.getLogger(__name__)
 

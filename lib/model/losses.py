@@ -4,6 +4,8 @@ teacher-forced batch, and the LM's next-token cross-entropy; each also over a wh
 Dims: B batch, T length, C model width, V vocabulary.
 """
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -57,3 +59,8 @@ def estimate_loss(model, batches: list[tuple[torch.Tensor, torch.Tensor]], devic
     losses = [lm_loss(model, x.to(device), y.to(device)).item() for x, y in batches]
     model.train(was_training)
     return sum(losses) / len(losses)
+
+
+def perplexity(mean_nll: float) -> float:
+    """exp of the per-token negative log-likelihood (capped to stay finite)."""
+    return math.exp(min(mean_nll, 50.0))

@@ -73,13 +73,14 @@ def headline(patterns: tuple[str, ...], metrics: dict) -> dict[str, float | int 
     return {key: value for pattern in patterns for key, value in flat.items() if fnmatch(key, pattern)}
 
 
-def _value(value) -> str:
+def shown_value(value) -> str:
+    """A metric as a table shows it: a float to four places, anything else as it is."""
     return f"{value:.4f}" if isinstance(value, float) else str(value)
 
 
 def card_html(task: str, summary: str, metrics: dict[str, float | int | str]) -> str:
     """card.html: the task's headline metrics and its model in a line, for reports/index.html to show."""
-    rows = "".join(f"<tr><td>{html.escape(key)}</td><td class=num>{html.escape(_value(value))}</td></tr>"
+    rows = "".join(f"<tr><td>{html.escape(key)}</td><td class=num>{html.escape(shown_value(value))}</td></tr>"
                    for key, value in metrics.items())
     body = (f'<main class="card"><h2><a href="report.html" target="_top">{html.escape(task)}</a></h2>\n'
             f"<p>{html.escape(summary)}</p>\n<table>{rows}</table></main>")

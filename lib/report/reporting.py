@@ -20,7 +20,7 @@ from lib.core.config import flatten
 from lib.train.curves import CURVES, read_curves
 from lib.report.figures import (plot_losses, plot_valid_score)
 from lib.core.files import not_as_written
-from lib.report.pages import card_html, headline, report_html
+from lib.report.pages import card_html, headline, report_html, shown_value
 from lib.report.families import REPORTING
 from lib.tasks import get_task
 from lib.tasks.base import Task
@@ -30,22 +30,18 @@ from transformer.loss import smoothed_loss_floor
 log = logging.getLogger(__name__)
 
 
-def _format(value) -> str:
-    return f"{value:.4f}" if isinstance(value, float) else str(value)
-
-
 def metrics_table(metrics: dict) -> str:
     """Every scalar metric; the searches (greedy, beam) side by side; a per-length breakdown (by_length,
     bleu_by_length) has its own plot."""
     searches = {k: v for k, v in metrics.items() if isinstance(v, dict) and (k == "greedy" or k.startswith("beam"))}
     flat = flatten({k: v for k, v in metrics.items() if not k.endswith("by_length") and k not in searches})
-    table = pd.DataFrame({"metric": list(flat), "value": [_format(v) for v in flat.values()]})
+    table = pd.DataFrame({"metric": list(flat), "value": [shown_value(v) for v in flat.values()]})
     lines = [table.to_markdown(index=False, colalign=("left", "right"), disable_numparse=True)]
     if searches:
         first = next(iter(searches.values()))
         # Every search's scores, in first-seen order: beam search adds its length penalty (alpha).
         names = list(dict.fromkeys(k for scores in searches.values() for k in scores if not k.endswith("signature")))
-        side = pd.DataFrame({"metric": names, **{search: [_format(scores.get(name, "")) for name in names]
+        side = pd.DataFrame({"metric": names, **{search: [shown_value(scores.get(name, "")) for name in names]
                                                 for search, scores in searches.items()}})
         lines += ["", "Decoding (seconds: the whole test set, on evaluate.device):", "",
                   side.to_markdown(index=False, disable_numparse=True)]

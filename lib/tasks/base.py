@@ -24,6 +24,11 @@ EXTRA_SPLIT_METRICS = ("exact_up_to_length",)  # the extra split's, scored by le
 LM_METRICS = ("n_valid_tokens", "loss", "perplexity", "bits_per_char")
 
 
+def exact_matches(hypotheses: list[str], references: list[str]) -> list[bool]:
+    """For each output, whether it is its reference exactly: exact match, the score every task can give."""
+    return [h == r for h, r in zip(hypotheses, references)]
+
+
 class Task:
     """A sequence-to-sequence task by default: parquet splits of (src, tgt) text, scored by exact match."""
 
@@ -99,7 +104,7 @@ class Task:
 
     def score(self, hypotheses: list[str], references: list[str]) -> dict:
         """The corpus metrics of outputs against references (``scores``): exact-sequence match by default."""
-        return {"exact_match": sum(h == r for h, r in zip(hypotheses, references)) / len(references)}
+        return {"exact_match": sum(exact_matches(hypotheses, references)) / len(references)}
 
     def sentence_score(self, hypothesis: str, reference: str) -> float:
         """One output's own score, by which the report picks the worst: 1 where it is the reference, else 0."""

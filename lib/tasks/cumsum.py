@@ -21,7 +21,7 @@ import torch
 from lib.core.config import ConfigError, check_seed, require
 from lib.core.files import check_readable
 from lib.data.pairs import read_split
-from lib.tasks.base import SPLIT_FILES, Task
+from lib.tasks.base import SPLIT_FILES, Task, exact_matches
 
 
 
@@ -150,7 +150,7 @@ class Cumsum(Task):
 
     def score(self, hypotheses: list[str], references: list[str]) -> dict:
         """Exact-sequence match and per-position token accuracy over the references."""
-        exact = sum(h == r for h, r in zip(hypotheses, references))
+        exact = sum(exact_matches(hypotheses, references))
         correct = total = 0
         for h, r in zip(hypotheses, references):
             h_tokens, r_tokens = h.split(), r.split()

@@ -23,15 +23,13 @@ import pandas as pd
 from lib.core.config import ConfigError, require
 from lib.core.text import utf8_lines
 from lib.data.pairs import split_path
-from lib.data.sources import download, is_url, offline_fix, read_manifest
+from lib.data.sources import HUB_SPLITS, download, is_url, offline_fix, read_manifest
 from lib.tasks.translation import TranslationTask
 
 LANGUAGES = ("de", "en", "fr", "cs")
-# Our split name -> the raw files' prefix and the hub data set's split.
+# Our split name -> the raw files' prefix (the hub data set's split: lib.data.sources.HUB_SPLITS).
 SPLIT_FILES = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
-HUB_SPLITS = {"train": "train", "valid": "validation", "test": "test"}
 # The official raw files (github.com/multi30k/dataset, data/task1/raw, at commit a3d2e0d) and their sha256.
-OFFICIAL_URL = "https://raw.githubusercontent.com/multi30k/dataset/a3d2e0d26b56f3846f66a952536ffed4e401d05a/data/task1/raw"
 SHA256 = {
     "train.cs.gz": "a65adb8b32e3bc664f21ecba7a6e7f6950fd1f405e135f7c312faabdb6255077",
     "train.de.gz": "726e39b2fa9eb9ffb6dc763fb35a179f80fae06ffc5d28b6ace5faa883de28a6",

@@ -21,12 +21,11 @@ import pyarrow.parquet as pq
 
 from lib.core.config import ConfigError, require
 from lib.data.pairs import split_path
-from lib.data.sources import offline_fix, read_manifest
+from lib.data.sources import HUB_SPLITS, offline_fix, read_manifest
 from lib.tasks import translation
 from lib.tasks.translation import TranslationTask
 
 LANGUAGES = ("en", "de")
-HUB_SPLITS = {"train": "train", "valid": "validation", "test": "test"}  # our split name -> the hub's
 BATCH_ROWS = 100_000  # rows read, cleaned and written at a time: the corpus is never whole in memory
 CLEANING = "cleaning.json"
 PAPER_ROWS = {"train": 4_508_785, "validation": 3_000, "test": 3_003}  # WMT 2014 en-de (sec. 5.1), the hub's splits

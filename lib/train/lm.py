@@ -13,7 +13,7 @@ from lib.core.config import ConfigError, LMTrainConfig
 from lib.data.pairs import read_text, to_device
 from lib.data.tokenizer import encode_text
 from lib.model.losses import estimate_loss, lm_loss
-from lib.model.metrics import speed, training_flops
+from lib.model.hardware import speed, training_flops
 from lib.model.setup import set_up
 from lib.train.run import Run
 from lib.train.steps import StepClock, clip, read_back, set_lr

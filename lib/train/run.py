@@ -12,7 +12,7 @@ from lib.core.families import params_family
 from lib.train.curves import Curves, truncate_curves
 from lib.core.files import atomic_path
 from lib.train.identity import mismatch, run_identity
-from lib.model.metrics import perplexity
+from lib.model.losses import perplexity
 from lib.model.setup import Trainee
 
 log = logging.getLogger(__name__)

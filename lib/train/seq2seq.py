@@ -16,7 +16,7 @@ from lib.data.token_store import MappedPairs, meta_path
 from lib.data.tokenizer import decode, encode_pairs
 from lib.model.lengths import check_budget, check_evaluated_lengths, fit_lengths
 from lib.model.losses import mean_loss, seq2seq_loss
-from lib.model.metrics import training_flops
+from lib.model.hardware import training_flops
 from lib.model.setup import set_up
 from lib.model.translate import greedy_translate
 from lib.tasks import get_task

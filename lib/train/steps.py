@@ -4,7 +4,7 @@ import time
 
 import torch
 
-from lib.model.metrics import speed
+from lib.model.hardware import speed
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float):

@@ -26,6 +26,7 @@ from lib.model import checkpoint
 from lib.use import exported
 from lib.use.families import USES
 from lib.report.captions import architecture, model_line
+from lib.report.pages import shown_value
 from lib.tasks import get_task, task_names
 from transformer.model import parameter_counts
 
@@ -55,8 +56,7 @@ def card(task: str, model, state: dict, metrics: dict) -> str:
     chosen = get_task(task)
     kind = USES[chosen.family].pipeline_tag
     flat = {key: value for key, value in flatten(metrics).items() if not key.endswith("by_length")}
-    scores = [f"| {key} | {value:.4f} |" if isinstance(value, float) else f"| {key} | {value} |"
-              for key, value in flat.items() if not key.endswith("signature")]
+    scores = [f"| {key} | {shown_value(value)} |" for key, value in flat.items() if not key.endswith("signature")]
     signatures = [f"- {key}: `{value}`" for key, value in flat.items() if key.endswith("signature")]
     return "\n".join([
         "---", "license: mit", f"pipeline_tag: {kind}", "tags: [transformer, from-scratch, pytorch]", "---", "",

@@ -1,7 +1,7 @@
 """A trained model as a folder to take away, laid out as a Hugging Face model repository holds one:
 ``model.safetensors`` (the weights alone: no pickle, no code runs to read them) and ``config.json`` (the
 model config, the vocabulary sizes, the special ids, and what model.pt records of its training), beside
-the tokenizer's files (lib.use.export writes them, and the model card). ``load_directory`` reads such a
+the tokenizer's files (lib.use.export writes them, and the model card). ``load_folder`` reads such a
 folder, or a models directory as the pipeline writes it; inference, generate and serve load through it.
 """
 
@@ -48,9 +48,10 @@ def read(directory: Path, device="cpu", fast: bool = True) -> tuple[torch.nn.Mod
     return model.to(device).eval(), state
 
 
-def load_directory(directory: str | Path, device="cpu", option: str = "", task: str | None = None):
-    """``checkpoint.load_directory``, or an exported folder's model (no torch pickle read), with the same
-    checks against its tokenizers and ``task``: (model in eval mode, tokenizers, its dict)."""
+def load_folder(directory: str | Path, device="cpu", option: str = "", task: str | None = None):
+    """Either folder a user holds: a models directory (``checkpoint.load_directory``), or an exported folder's
+    model (no torch pickle read), with the same checks against its tokenizers and ``task``: (model in eval
+    mode, tokenizers, its dict)."""
     directory = Path(directory).expanduser()
     if not is_exported(directory):
         return checkpoint.load_directory(directory, device, option, task)

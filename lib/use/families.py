@@ -10,7 +10,7 @@ from lib.use.language_model import LanguageModel
 from lib.use.sample_cli import continue_prompts, prompts_given, score_text
 from lib.use.translate_cli import translate_file, translate_typed, typed
 from lib.use.translator import Translator
-from transformer.greedy import check_alpha
+from transformer.decoding import check_alpha
 
 
 class UseFamily:

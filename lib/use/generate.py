@@ -50,7 +50,7 @@ def main(argv=None):
         for option, path in (("--input", args.input), ("--score", args.score)):
             if path and path != "-":
                 files.check_readable(path, option=option)
-        model, tokenizers, state = exported.load_directory(directory, device_named(args.device, "--device"),
+        model, tokenizers, state = exported.load_folder(directory, device_named(args.device, "--device"),
                                                              "--models" if args.models else "", args.task)
         if state["kind"] != family.name:  # a model file from before the task was recorded
             raise ValueError(f"{directory / 'model.pt'} holds a model of kind {state['kind']!r}, but {args.task} "

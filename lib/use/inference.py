@@ -42,7 +42,7 @@ def load(directory: str | Path, device: str | torch.device = "cpu", task: str | 
     mode on ``device`` ("auto": a GPU where there is one); with ``task``, one trained for it. A leading ``~`` in
     ``directory`` is the home directory. ``.state``: what model.pt records beside the weights (its config, step,
     validation loss)."""
-    model, tokenizers, state = exported.load_directory(directory, device_named(device), task=task)
+    model, tokenizers, state = exported.load_folder(directory, device_named(device), task=task)
     loaded = USES[state["kind"]].api(model, tokenizers, state, model_defaults(directory))
     loaded.state = {key: value for key, value in state.items() if key != "model"}
     return loaded

@@ -11,7 +11,7 @@ import torch
 
 from lib.data.tokenizer import decode, encode_sources, special_ids, unknown_note
 from lib.evaluate.decode import score_outputs, translate_n_best
-from transformer.greedy import Hypothesis
+from transformer.decoding import Hypothesis
 
 
 def warn_each(messages: list[str], what: str):

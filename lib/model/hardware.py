@@ -1,15 +1,10 @@
-"""Scores shared by tasks, and the hardware figures that model FLOPs utilisation is measured against."""
+"""What a training step costs and what the hardware gives: the model's FLOPs, the step's rates, and the
+matmul peak and CPU flags that model FLOPs utilisation (MFU) is measured against."""
 
-import math
 import time
 from pathlib import Path
 
 import torch
-
-
-def perplexity(mean_nll: float) -> float:
-    """exp of the per-token negative log-likelihood (capped to stay finite)."""
-    return math.exp(min(mean_nll, 50.0))
 
 
 def training_flops(cfg, vocab_size: int, src_lengths: list[int], tgt_lengths: list[int]) -> float:
