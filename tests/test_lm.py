@@ -23,7 +23,8 @@ from lib.train import run
 from lib.data import tokenizer
 from lib.tasks.writing import run_tokenize
 from lib.train import lm as lm_loop, training
-from lib.core.config import ConfigError, LMEvaluateConfig, LMReportConfig, LMTrainConfig, TokenizeConfig, from_dict
+from lib.core.config import ConfigError, from_dict
+from lib.core.sections import LMEvaluateConfig, LMReportConfig, LMTrainConfig, TokenizeConfig
 from lib.core.text import load_params
 from transformer.sampling import sample, top_k_filter
 from transformer.model import TransformerLM

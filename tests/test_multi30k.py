@@ -29,7 +29,8 @@ from lib.report import attention_maps, reporting
 from lib.data import tokenizer
 from lib.tasks.writing import run_tokenize
 from lib.train import averaging, seq2seq, training
-from lib.core.config import ConfigError, ReportConfig
+from lib.core.config import ConfigError
+from lib.core.sections import ReportConfig
 from lib.tasks.params import stage_config
 from lib.data.pairs import read_split
 from lib.use.inference import Output, Translator, load

@@ -48,6 +48,20 @@ def best_reachable(log_prob: torch.Tensor, n: int, limit: torch.Tensor, alpha: f
     return log_prob / length_penalty(limit, alpha).clamp(min=length_penalty(n, alpha))
 
 
+def continuations(live: torch.Tensor, step: torch.Tensor, out: torch.Tensor):
+    """The 2K likeliest continuations of each sentence's K live hypotheses (``live``: (b, K) log-probabilities,
+    ``step``: (b*K, V) each one's next-token log-probabilities, ``out``: (b*K, n - 1) its tokens): their
+    log-probabilities (b, 2K), their parents' rows (b, 2K), their last tokens (b, 2K) and all their tokens
+    (b, 2K, n). All have n tokens, so the likeliest are the best-scoring."""
+    (b, K), V = live.shape, step.size(-1)
+    total = (live.view(-1, 1) + step).view(b, K * V)
+    log_prob, top = total.topk(min(2 * K, K * V), dim=1)  # (b, 2K): beam * V + token
+    rows = torch.arange(b, device=live.device)[:, None] * K + top // V
+    token = top % V
+    tokens = torch.cat([out[rows.view(-1)], token.view(-1, 1)], dim=1).view(b, -1, out.size(1) + 1)
+    return log_prob, rows, token, tokens
+
+
 @torch.no_grad()
 def beam_search(model, src: torch.Tensor, ids: SpecialIds, max_new_tokens: torch.Tensor, beam_size: int,
                 alpha: float = 0.0, n_best: int = 1, use_cache: bool = True) -> list[list[Hypothesis]]:
@@ -80,21 +94,14 @@ def beam_search(model, src: torch.Tensor, ids: SpecialIds, max_new_tokens: torch
     finished = Finished(B, K, T, ids.pad, device)
     found: list[list[Hypothesis]] = [[] for _ in range(B)]
     for n in range(1, T + 1):  # n: the tokens a hypothesis has produced after this step, eos included
-        b = len(sentence)
         step = never_pad_or_bos(F.log_softmax(decoder.logits(out), dim=-1), ids)  # (b*K, V)
-        V = step.size(-1)
-        total = (live.view(-1, 1) + step).view(b, K * V)
-        # All have n tokens: the likeliest are the best-scoring.
-        log_prob, top = total.topk(min(2 * K, K * V), dim=1)  # (b, 2K): beam * V + token
-        rows = torch.arange(b, device=device)[:, None] * K + top // V  # (b, 2K) the parent rows
-        token = top % V
+        log_prob, rows, token, tokens = continuations(live, step, out)
         eos = token == ids.eos
         ends = eos | (n >= limit)[:, None]
-        tokens = torch.cat([out[rows.view(-1)], token.view(-1, 1)], dim=1).view(b, -1, n + 1)  # (b, 2K, n + 1)
         finished.add(log_prob.masked_fill(~ends, float("-inf")) / length_penalty(n, alpha), log_prob, tokens, eos)
         live, pick = log_prob.masked_fill(ends, float("-inf")).topk(K, dim=1)  # (b, K): the best that go on
         rows = rows.gather(1, pick).view(-1)  # (b*K,)
-        out = tokens.gather(1, pick[..., None].expand(-1, -1, n + 1)).view(b * K, n + 1)
+        out = tokens.gather(1, pick[..., None].expand(-1, -1, n + 1)).view(-1, n + 1)  # (b*K, n + 1)
         done = finished.score[:, n_best - 1] >= best_reachable(live[:, 0], n, limit, alpha)  # (b,)
         if not done.any():
             decoder.select(rows)

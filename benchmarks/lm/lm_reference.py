@@ -28,7 +28,8 @@ from torch import nn
 from lib.model import checkpoint
 from lib.train import lm as lm_loop
 from lib.train.families import TRAINING
-from lib.core.config import LMTrainConfig, ModelConfig, TokenizeConfig
+from lib.core.config import ModelConfig
+from lib.core.sections import LMTrainConfig, TokenizeConfig
 from lib.data.pairs import read_text
 from lib.evaluate.evaluation import split_loss
 from lib.train.lm import weight_decay_groups

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from benchmarks.wmt14.scale import write_corpus
-from lib.core.config import TokenizeConfig
+from lib.core.sections import TokenizeConfig
 from lib.data.tokenizer import train_tokenizer
 from tools.results import header
 

@@ -3,8 +3,9 @@ language model (lm), one object each. Where the two differ, each layer asks its 
 (this one; lib.train.families, lib.evaluate.families, lib.report.families, lib.use.families), keyed by the name
 that model.pt records; a third family is one class in each, never an ``if`` in many files (docs/code.md)."""
 
-from lib.core.config import (EvaluateConfig, LMEvaluateConfig, LMReportConfig, LMTrainConfig, ReportConfig,
-                             TokenizeConfig, TrainConfig, require)
+from lib.core.config import require
+from lib.core.sections import (EvaluateConfig, LMEvaluateConfig, LMReportConfig, LMTrainConfig, ReportConfig,
+                               TokenizeConfig, TrainConfig)
 from transformer.config import largest_alpha
 
 

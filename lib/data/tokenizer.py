@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import torch
 from tokenizers import Encoding, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from lib.core.config import TokenizeConfig
+from lib.core.sections import TokenizeConfig
 from lib.data.pairs import Pairs, SpecialIds, split_path
 from lib.core.files import first_few, not_as_written
 from lib.data.token_store import write_pairs

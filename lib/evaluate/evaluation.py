@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from lib.model import checkpoint
-from lib.core.config import EvaluateConfig, LMEvaluateConfig
+from lib.core.sections import EvaluateConfig, LMEvaluateConfig
 from lib.data.pairs import Pairs, read_split, read_text
 from lib.core.files import atomic_path
 from transformer.decoding import Hypothesis, check_alpha

@@ -4,7 +4,7 @@ from pathlib import Path
 
 from tokenizers import processors
 
-from lib.core.config import TokenizeConfig
+from lib.core.sections import TokenizeConfig
 from lib.core.files import atomic_dir
 from lib.data.sources import write_manifest
 from lib.data.tokenizer import EOS, JOINT, SOURCE, TARGET, Tokenizers, special_ids, train_tokenizer, write_splits

@@ -4,7 +4,7 @@
 import logging
 from pathlib import Path
 
-from lib.core.config import TrainConfig
+from lib.core.sections import TrainConfig
 from lib.data.pairs import Pairs
 from lib.model import checkpoint
 from lib.model.losses import mean_loss

@@ -9,7 +9,8 @@ import torch
 from tqdm import tqdm
 
 from lib.core import distributed, signals
-from lib.core.config import ConfigError, LMTrainConfig
+from lib.core.config import ConfigError
+from lib.core.sections import LMTrainConfig
 from lib.data.pairs import read_text, to_device
 from lib.data.tokenizer import encode_text
 from lib.model.losses import estimate_loss, lm_loss

@@ -10,7 +10,7 @@ import torch
 from tqdm import tqdm
 
 from lib.core import distributed, signals
-from lib.core.config import TrainConfig
+from lib.core.sections import TrainConfig
 from lib.data.pairs import Pairs, collate, read_split, token_budget_batches
 from lib.data.token_store import MappedPairs, meta_path
 from lib.data.tokenizer import decode, encode_pairs
