@@ -112,7 +112,7 @@ def test_a_python_lacking_the_requirements_is_told_each(tmp_path):
 def test_a_profile_that_records_no_time_still_gives_its_figures():
     """On a GPU whose profiler interface (CUPTI) is missing no kernel is recorded: the profile must still
     give a line (its shares None), not stop gpu_check.sh before its training on a division by zero."""
-    from tools.train_throughput import profile
+    from benchmarks.throughput.step_profile import profile
 
     result = profile([lambda: None], torch.device("cpu"))
     assert result["busy_ms"] == 0 and set(result["kinds_share"].values()) == {None}
@@ -122,12 +122,12 @@ def test_a_profile_that_records_no_time_still_gives_its_figures():
 def test_a_profile_that_fails_says_why_and_spares_the_rest(monkeypatch):
     """The profile's CUDA half runs only on a lent GPU: should the profiler fail there, the throughput line
     still comes, saying why, and gpu_check.sh goes on to its training."""
-    from tools import train_throughput
+    from benchmarks.throughput import step_profile
 
     def broken(steps, device):
         raise RuntimeError("CUPTI_ERROR_NOT_INITIALIZED")
-    monkeypatch.setattr(train_throughput, "profile", broken)
-    assert train_throughput.profile_or_why([], torch.device("cpu")) == {
+    monkeypatch.setattr(step_profile, "profile", broken)
+    assert step_profile.profile_or_why([], torch.device("cpu")) == {
         "error": "RuntimeError: CUPTI_ERROR_NOT_INITIALIZED"}
 
 
@@ -135,7 +135,7 @@ def test_a_profile_gives_the_products_rate_by_shape():
     """The H200's step ran at 0.12-0.15 MFU with no way to tell slow GEMMs from time spent elsewhere: the
     profile gives the products' own rate, and each shape's. Two steps of one known product and a smaller one:
     each shape's FLOPs (rate x time) are its own, 2 n^3 a call."""
-    from tools.train_throughput import profile
+    from benchmarks.throughput.step_profile import profile
 
     big, small = torch.randn(512, 512), torch.randn(8, 128, 128)  # ms each: the rounding (to 1 us) stays small
     result = profile([lambda: (big @ big, torch.bmm(small, small), big + big)] * 2, torch.device("cpu"))
@@ -155,7 +155,7 @@ def test_a_profile_times_the_step_where_no_shapes_are_recorded(monkeypatch):
     took 78k page faults against 3k, its casts ran 8x slower and "cast_and_copy" read 43% of the step where it
     was 13%. The profile's times come from a pass that records no shapes, the products' shapes and FLOPs from a
     second one. A stand-in profiler whose shaped pass reports every operator 5x slower."""
-    from tools import train_throughput
+    from benchmarks.throughput import step_profile
 
     class Event:
         def __init__(self, key, ms, shapes=None, flops=0):
@@ -181,7 +181,7 @@ def test_a_profile_times_the_step_where_no_shapes_are_recorded(monkeypatch):
                     Event("aten::mm", 4.0 * slower, [[512, 512], [512, 512]], 2 * 512**3 if self.shaped else 0)]
 
     monkeypatch.setattr(torch.profiler, "profile", Profiler)
-    result = train_throughput.profile([lambda: None] * 2, torch.device("cpu"))
+    result = step_profile.profile([lambda: None] * 2, torch.device("cpu"))
     assert Profiler.passes == [False, True]
     assert result["kinds_ms"]["cast_and_copy"] == 2.0 and result["kinds_ms"]["matmul"] == 4.0, result
     assert result["kinds_share"]["matmul"] == round(4 / 6, 3) and result["top_ops"][0] == ["aten::mm", 1.0, 4.0]
@@ -191,10 +191,10 @@ def test_a_profile_times_the_step_where_no_shapes_are_recorded(monkeypatch):
 
 
 def test_gpu_traffic_counts_what_each_operator_moves():
-    """The roofline's bytes (tools/gpu_traffic.py): a dense operator reads and writes each of its tensors
-    once, a broadcast row once; a column of a matrix costs a memory sector a row, not the matrix; a gather
+    """The roofline's bytes (benchmarks/throughput/gpu_traffic.py): a dense operator reads and writes each of its
+    tensors once, a broadcast row once; a column of a matrix costs a memory sector a row, not the matrix; a gather
     touches of its source what its index names; a view moves nothing. Its FLOPs are the products'."""
-    from tools.gpu_traffic import Traffic
+    from benchmarks.throughput.gpu_traffic import Traffic
 
     meta = lambda *shape, dtype=torch.float32: torch.empty(*shape, dtype=dtype, device="meta")  # noqa: E731 - a one-line helper, named where it is used
     a, m = meta(1000), meta(1000, 8000)
@@ -230,7 +230,7 @@ def test_gpu_traffic_takes_the_gpu_step_that_mfu_counts():
     has its state; and lib is as it was after it."""
     import transformer.fast.attention
     import transformer.fast.dropout
-    from tools import gpu_traffic
+    from benchmarks.throughput import gpu_traffic
     from lib.model.hardware import training_flops
 
     cfg, V, ids, batch = small_step()
@@ -262,7 +262,7 @@ def test_gpu_traffic_counts_the_compiled_step_as_inductor_fuses_it(monkeypatch):
     16, 16 and a shorter one, its own graph); the model's and the loss's operators all run compiled, the
     optimizer eager; fused, the step moves less; and torch.compile is torch's again after it."""
     import transformer.fast.loss
-    from tools import gpu_traffic
+    from benchmarks.throughput import gpu_traffic
     from tests.conftest import torch_compile_defaults
 
     cfg, V, ids, batch = small_step()
@@ -283,12 +283,13 @@ def test_gpu_traffic_counts_the_compiled_step_as_inductor_fuses_it(monkeypatch):
     assert sum(op[2] for op in compiled) < 0.9 * sum(op[2] for op in eager)
 
 
+TRAFFIC, THROUGHPUT = "benchmarks.throughput.gpu_traffic", "benchmarks.throughput.train_throughput"
+
+
 @pytest.mark.parametrize("script, arg, what", [
-    ("tools.gpu_traffic", "--batches", "above 0"), ("tools.gpu_traffic", "--peak-tflops", "above 0"),
-    ("tools.gpu_traffic", "--bandwidth", "above 0"), ("tools.gpu_traffic", "--max-tokens", "above 0"),
-    ("tools.train_throughput", "--steps", "above 0"), ("tools.train_throughput", "--rounds", "above 0"),
-    ("tools.train_throughput", "--max-tokens", "above 0"),
-    ("tools.train_throughput", "--profile", "0 or more")])
+    (TRAFFIC, "--batches", "above 0"), (TRAFFIC, "--peak-tflops", "above 0"), (TRAFFIC, "--bandwidth", "above 0"),
+    (TRAFFIC, "--max-tokens", "above 0"), (THROUGHPUT, "--steps", "above 0"), (THROUGHPUT, "--rounds", "above 0"),
+    (THROUGHPUT, "--max-tokens", "above 0"), (THROUGHPUT, "--profile", "0 or more")])
 def test_a_benchmark_refuses_a_count_or_rate_it_cannot_take(script, arg, what, monkeypatch, capsys):
     """A count or rate of 0 divided by zero after the work (a traceback), a negative --profile stopped
     islice: each is named before any work."""

@@ -186,9 +186,9 @@ def test_the_bf16_gradient_is_the_exact_one_rounded_once(smoothing):
 
 
 def test_the_bf16_loss_moves_less_than_float32_and_a_cast(monkeypatch):
-    """The loss's block under bf16 autocast, counted as a GPU would move it (tools/gpu_traffic.py): the
+    """The loss's block under bf16 autocast, counted as a GPU would move it (benchmarks/throughput/gpu_traffic.py): the
     gradient made in bf16 at once moves 45 bytes an (n, V) entry where float32 and a cast moved 63."""
-    from tools.gpu_traffic import Traffic
+    from benchmarks.throughput.gpu_traffic import Traffic
 
     monkeypatch.setattr("transformer.fast.loss.eager_on_cpu", lambda x: False)  # the form a GPU takes
     torch.manual_seed(0)
@@ -267,13 +267,13 @@ def test_the_compiled_loss_is_the_eager_loss(precision, monkeypatch):
 
 
 def test_the_compiled_loss_moves_half_what_the_eager_one_moves(monkeypatch):
-    """The loss's block under bf16 autocast, counted as a GPU would move it (tools/gpu_traffic.py), eager
-    and as train.compile runs it (its kernels as inductor fuses them, counted, not built): fused, the passes
+    """The loss's block under bf16 autocast, counted as a GPU would move it (benchmarks/throughput/gpu_traffic.py),
+    eager and as train.compile runs it (its kernels as inductor fuses them, counted, not built): fused, the passes
     over the (n, V) logits are two reductions, the gradient's kernel and the bias's sum, and the block moves
     18 bytes an entry where eager it moves 40 (n 1024, V 4000, C 64)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from tools.gpu_traffic import Traffic, counted_compile
+    from benchmarks.throughput.gpu_traffic import Traffic, counted_compile
 
     monkeypatch.setattr("transformer.fast.loss.eager_on_cpu", lambda x: False)  # the form a GPU takes
     n, V = 1024, 4000

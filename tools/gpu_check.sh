@@ -135,7 +135,7 @@ write_params "$COMPILE"
 steps=10 rounds=2 profile=3 precision=bf16 square=0
 [ "$DEVICE" = cpu ] && steps=2 rounds=1 profile=1 precision=fp32 square=256
 throughput() {
-  PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" tools/train_throughput.py --device "$DEVICE" \
+  PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" benchmarks/throughput/train_throughput.py --device "$DEVICE" \
     --precision $precision --square $square --d-model "$D_MODEL" --d-ff $((4 * D_MODEL)) --heads 8 --layers "$LAYERS" --dropout 0.2 \
     --activation-dropout 0 --steps $steps --rounds $rounds --profile $profile --data "$WORK/data" \
     --tokenizer "$WORK/tokenizer" "$@"
@@ -157,7 +157,7 @@ fi
 # take. A CPU's run is a smoke test: a small batch and vocabulary.
 base_tokens=25000 base_vocab=37000 base_width=512 base_layers=6
 [ "$DEVICE" = cpu ] && base_tokens=256 base_vocab=1000 base_width=64 base_layers=1
-PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" tools/train_throughput.py --device "$DEVICE" \
+PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" benchmarks/throughput/train_throughput.py --device "$DEVICE" \
   --precision $precision --square $square --d-model $base_width --d-ff $((4 * base_width)) --heads 8 \
   --layers $base_layers --dropout 0.1 --activation-dropout 0 \
   --steps $steps --rounds $rounds --models ours --max-tokens $base_tokens --synthetic-vocab $base_vocab \

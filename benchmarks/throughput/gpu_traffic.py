@@ -25,7 +25,7 @@ element-wise work around it in one kernel; the products left to the vendor's lib
 GPU's kernels, not them. The optimizer and the clipping stay eager, as in train.compile.
 
 Run from the repository root with the venv active:
-    PYTHONPATH=. python tools/gpu_traffic.py [--max-tokens 32768 ...] [--batches 10] [--d-model 512]
+    PYTHONPATH=. python benchmarks/throughput/gpu_traffic.py [--max-tokens 32768 ...] [--batches 10] [--d-model 512]
         [--peak-tflops 989] [--bandwidth 4.8] [--compiled] [--data DIR --tokenizer DIR]
 Prints one JSON line per --max-tokens: a step's figures over the first --batches batches (10: those that
 train_throughput.py times with its default --steps), "by_kind" (ms and GB by train_throughput's kinds), and
@@ -59,9 +59,10 @@ import transformer.fast.attention
 import transformer.fast.dropout
 import transformer.fast.loss
 import transformer.layers
-from tools import train_throughput
-from tools.train_throughput import (MODEL_KEYS, ROOT, batch_source, batch_work, kind_of, model_config, ours_loss,
-                                         positive, train_step)
+from benchmarks.throughput import train_throughput
+from benchmarks.throughput.step_profile import kind_of
+from benchmarks.throughput.train_throughput import (MODEL_KEYS, ROOT, batch_source, batch_work, model_config, ours_loss,
+                                                    positive, train_step)
 from transformer.config import ModelConfig
 from transformer.fast.compile import compile_model
 from transformer.model import build_model
