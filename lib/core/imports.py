@@ -45,9 +45,12 @@ def declared_data(path: Path, tree: ast.Module) -> list[Path]:
 
 
 @functools.lru_cache(maxsize=None)
-def parsed(path: Path, modified: int) -> ast.Module:
-    """The syntax tree of the file at ``path`` as it was at ``modified`` (a walk per stage reads each file once)."""
-    return ast.parse(path.read_text(), filename=str(path))
+def reads(path: Path, modified: int) -> tuple[tuple[str, ...], tuple[Path, ...]]:
+    """The project's modules the file at ``path`` imports and the data files it declares, as it was at
+    ``modified`` (a walk per stage and task reads each file once)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names = tuple(n for n in imported(tree) if n.split(".")[0] in PACKAGES)
+    return names, tuple(declared_data(path, tree))
 
 
 def closure(starts: Iterable[Path], root: Path = ROOT) -> list[Path]:
@@ -55,7 +58,7 @@ def closure(starts: Iterable[Path], root: Path = ROOT) -> list[Path]:
     packages, the packages around each (importing lib.train.run runs lib/__init__.py and lib/train/__init__.py
     first), and so on down; with the data files each declares. Sorted. A module loaded by a computed name (a
     task, by lib.tasks.get_task) is not seen: a caller adds it to ``starts``."""
-    todo, found = [Path(start) for start in starts], set()
+    todo, found, files = [Path(start) for start in starts], set(), {}
     while todo:
         path = todo.pop()
         if path in found:
@@ -63,10 +66,13 @@ def closure(starts: Iterable[Path], root: Path = ROOT) -> list[Path]:
         found.add(path)
         if path.suffix != ".py":
             continue
-        tree = parsed(path, path.stat().st_mtime_ns)
-        todo += declared_data(path, tree)
-        for name in (n for n in imported(tree) if n.split(".")[0] in PACKAGES):
+        names, data = reads(path, path.stat().st_mtime_ns)
+        todo += data
+        for name in names:
             parts = name.split(".")
             for end in range(1, len(parts) + 1):
-                todo += module_files(root, ".".join(parts[:end]))
+                module = ".".join(parts[:end])
+                if module not in files:
+                    files[module] = module_files(root, module)
+                todo += files[module]
     return sorted(found)
