@@ -307,12 +307,18 @@ def test_only_the_train_stage_runs_under_torchrun(tmp_path):
 
 
 BROKEN_STAGE = """
-import os, sys
+import os, pathlib, sys, time
 sys.path.insert(0, {root!r})
 from lib.stage.cli import stage_main
 
 
 def run(task, cfg, args):
+    # Both ranks reach the bug: neither fails while the other, slower to start under load, has yet to set up
+    # its handling (torchrun would then stop it, and rightly say nothing of a bug it never met).
+    here = pathlib.Path(args.params).parent
+    (here / ("rank" + os.environ["RANK"])).touch()
+    while len(list(here.glob("rank?"))) < 2:
+        time.sleep(0.05)
     raise RuntimeError("a bug met in rank " + os.environ["RANK"])
 
 
