@@ -273,7 +273,8 @@ def test_the_compiled_loss_moves_half_what_the_eager_one_moves(monkeypatch):
     18 bytes an entry where eager it moves 40 (n 1024, V 4000, C 64)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from benchmarks.throughput.gpu_traffic import Traffic, counted_compile
+    from benchmarks.throughput.gpu_traffic import Traffic
+    from benchmarks.throughput.inductor_count import counted_compile
 
     monkeypatch.setattr("transformer.fast.loss.eager_on_cpu", lambda x: False)  # the form a GPU takes
     n, V = 1024, 4000
