@@ -222,7 +222,7 @@ def test_a_beam_past_its_bound_is_named_before_any_search(tmp_path, built, capsy
 
 
 def test_max_new_tokens_past_its_bound_is_named():
-    from lib.core.options import check
+    from lib.evaluate.options import check
 
     with pytest.raises(ValueError, match=r"max_new_tokens 1000000: must be in \[1, 100000\]"):
         check(max_new_tokens=1_000_000)

@@ -1,7 +1,7 @@
 """The generation options, declared once: each one's family, type, range and default, as the evaluate stage's
-params (lib.core.config), the Python API (lib.use.inference), the command line (lib.use.generate) and the web app
-(lib.use.serve) take them, and a message naming the option where a value is of the wrong type or out of range.
-"""
+params (lib.core.sections), the Python API (lib.use.inference), the command line (lib.use.generate) and the web
+app (lib.use.serve) take them, and a message naming the option where a value is of the wrong type or out of
+range. What only a caller of a trained model runs (defaults filled in, errors raised) is lib.evaluate.options'."""
 
 import math
 import numbers
@@ -69,53 +69,9 @@ OPTIONS = {option.name: option for option in (
 )}
 
 
-def family_options(family: str, served: bool = False) -> tuple[str, ...]:
-    """The options a ``family``'s model takes (``served``: those a request to the web app may set), in order."""
-    return tuple(name for name, option in OPTIONS.items() if option.family == family and (option.served or not served))
-
-
-def served_defaults(defaults: dict) -> tuple[dict, list[str]]:
-    """``defaults`` (a model's, from its evaluate stage) within the web app's bounds, and a note for each one
-    brought down to its bound: a model evaluated with beam_size 32 is served at 16, not refused every request."""
-    kept, notes = dict(defaults), []
-    for name, value in defaults.items():
-        high = OPTIONS[name].served_high if name in OPTIONS else None
-        if high is not None and OPTIONS[name].of_type(value) and value > high:
-            kept[name] = type(value)(high)
-            notes.append(f"{name}: the model's default {value} (its evaluate stage's) is past the server's bound "
-                         f"{high:g}; a request that leaves {name} out gets {high:g}")
-    return kept, notes
-
-
 def within_schema(cfg, names: tuple[str, ...]):
     """A params section's values of the options ``names`` checked against the schema's ranges, as a request's
     are: ``<section>.beam_size: 2000: must be in [1, 1000] (1: greedy)``."""
     for name in names:
         problem = OPTIONS[name].problem(getattr(cfg, name))
         require(problem is None, name, problem or "")
-
-
-def problems(values: dict, name=str, served: bool = False) -> list[str]:
-    """A message for each option in ``values`` (keyword -> value) of the wrong type or out of range, the option
-    named by ``name(keyword)`` (a flag, a JSON field)."""
-    return [f"{name(key)} {said}" for key, value in values.items()
-            if (said := OPTIONS[key].problem(value, served))]
-
-
-def check(name=str, **values):
-    """A TypeError naming every option not of its type (2.0 for an integer, "0.8" for a number), else a
-    ValueError naming every one out of its range."""
-    wrong_type = {key: value for key, value in values.items() if not OPTIONS[key].of_type(value)}
-    if errors := problems(wrong_type, name):
-        raise TypeError("; ".join(errors))
-    if errors := problems(values, name):
-        raise ValueError("; ".join(errors))
-
-
-def schema_defaults() -> dict:
-    return {name: option.default for name, option in OPTIONS.items()}
-
-
-def or_default(defaults: dict, **values) -> list:
-    """Each of ``values`` (keyword -> value), or its default where it is None, in order."""
-    return [defaults[name] if value is None else value for name, value in values.items()]

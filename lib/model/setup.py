@@ -41,14 +41,13 @@ class Trainee:
 def set_up(task: str, cfg, tokenizer_dir, family) -> Trainee:
     """The Trainee of train config ``cfg``: the same weights in every process, dropout masks of its own.
     ``family``: the task's lib.train.families object, which says what its model reads and what model.pt records."""
-    kind = family.name
     device, ctx = open_device(cfg.device)
     tokenizers = load_tokenizers(tokenizer_dir)
     ids = special_ids(tokenizers)
     vocab = {"src_vocab_size": tokenizers.source.get_vocab_size(),
              "tgt_vocab_size": tokenizers.target.get_vocab_size(), "joint_vocab": tokenizers.joint}
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg.model, kind, **vocab, fast=cfg.fast)
+    model = build_model(cfg.model, family.name, **vocab, fast=cfg.fast)
     distributed.seed_own_stream(cfg.seed, ctx)
     model.to(device)
     *parts, (_, total) = parameter_counts(model).items()
@@ -60,16 +59,17 @@ def set_up(task: str, cfg, tokenizer_dir, family) -> Trainee:
     train_model = distributed.wrap(model, ctx, device)
     if cfg.compile:
         log.info("train.compile: the first step compiles the model (a minute or two on a GPU)")
-        train_model = compile_model(train_model, kind)
+        train_model = compile_model(train_model, family.name)
     precision = resolve_precision(cfg.precision, device)
     peak = peak_tflops(cfg.peak_tflops, precision, device)
-    return Trainee(task, kind, model, train_model, tokenizers, ids, vocab, device, ctx, precision, peak, trained_with)
+    return Trainee(task, family.name, model, train_model, tokenizers, ids, vocab, device, ctx, precision, peak,
+                   trained_with)
 
 
 @torch.no_grad()
 def repeats_input(model: nn.Module, ids: SpecialIds, logits, batch: int = 64, length: int = 16) -> float:
     """The share of positions whose top prediction is the token the model was just given, on random tokens
-    other than the special ``ids``: by chance, 1 / (V - 4). ``logits(model, tokens, given)``: the model's
+    other than the special ``ids``: by chance, 1 / (V - 4). ``logits(model, tokens, given, pad)``: the model's
     outputs for the ``given`` tokens, ``tokens(vocab_size)`` drawing any other input it reads (its family's).
 
     Measured on an untrained model: a decoder whose input vectors are also its output layer's rows

@@ -5,8 +5,7 @@ import os
 from pathlib import Path
 
 from lib.core import files
-from lib.core.options import problems
-from lib.evaluate.options import GENERATION_FILE, model_defaults
+from lib.evaluate.options import GENERATION_FILE, model_defaults, problems
 from lib.tasks import task_names
 from lib.use.attention_figures import FIGURE_FILES, LM_ATTENTION_TOKENS, is_a_figure
 

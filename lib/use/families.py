@@ -5,7 +5,7 @@ format cannot express."""
 import argparse
 import html
 
-from lib.core.options import family_options
+from lib.evaluate.options import family_options
 from lib.use.language_model import LanguageModel
 from lib.use.sample_cli import continue_prompts, prompts_given, score_text
 from lib.use.translate_cli import translate_file, translate_typed, typed
@@ -86,7 +86,7 @@ class LMUse(UseFamily):
             "--score FILE to score a text"]
 
     def run_command(self, args, model, tokenizers, state):
-        lm = LanguageModel(model, tokenizers, state["block_size"])
+        lm = self.api(model, tokenizers, state, {})  # the options come checked, on args
         if args.score:
             score_text(args, lm)
         else:

@@ -7,7 +7,8 @@ import torch
 
 from transformer.sampling import sampled
 from lib.evaluate.evaluation import text_metrics
-from lib.core.options import OPTIONS, check, or_default, schema_defaults
+from lib.core.options import OPTIONS
+from lib.evaluate.options import check, or_default, schema_defaults
 from lib.report.attention_maps import token_strings
 from lib.use.lines import Attention, as_list, text_of, warn_each
 from lib.data.tokenizer import continuation, lm_ids

@@ -30,7 +30,7 @@ import torch
 from flask import Flask, Response, current_app, jsonify, request
 from werkzeug.exceptions import HTTPException, NotFound
 
-from lib.core.options import OPTIONS, served_defaults
+from lib.core.options import OPTIONS
 from lib.use import inference
 from lib.use.families import USES, UseFamily
 from lib.use.request_fields import BadRequest, body_of, checked, flag, option, text
@@ -60,6 +60,19 @@ class Served:
 
 def served() -> Served:
     return current_app.extensions["served"]
+
+
+def served_defaults(defaults: dict) -> tuple[dict, list[str]]:
+    """``defaults`` (a model's, from its evaluate stage) within the web app's bounds, and a note for each one
+    brought down to its bound: a model evaluated with beam_size 32 is served at 16, not refused every request."""
+    kept, notes = dict(defaults), []
+    for name, value in defaults.items():
+        high = OPTIONS[name].served_high if name in OPTIONS else None
+        if high is not None and OPTIONS[name].of_type(value) and value > high:
+            kept[name] = type(value)(high)
+            notes.append(f"{name}: the model's default {value} (its evaluate stage's) is past the server's bound "
+                         f"{high:g}; a request that leaves {name} out gets {high:g}")
+    return kept, notes
 
 
 def only(route: str):

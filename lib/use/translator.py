@@ -1,7 +1,7 @@
 """The Python API over a seq2seq model (lib.use.inference loads one): translate, n-best, score, attention."""
 
 from lib.data.pairs import Pairs, collate
-from lib.core.options import check, or_default, schema_defaults
+from lib.evaluate.options import check, or_default, schema_defaults
 from lib.report.attention_maps import attention_maps, token_strings
 from lib.use.lines import (Attention, Output, by_index, outputs_of, score_lines, text_of, texts_of,
                            translate_lines, warn_each)
