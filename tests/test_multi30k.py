@@ -377,10 +377,10 @@ def test_stop_reasons():
     train_cfg = cfg({"tasks": ["multi30k"], "multi30k": {"train": params}}, "train")
     state = {"epoch": 4, "step": 499, "elapsed_s": 30.0, "epochs_since_best": 2}
     assert seq2seq.stop_reason(train_cfg, state) is None
-    assert "train.max_steps" in seq2seq.stop_reason(train_cfg, {**state, "step": 500})
-    assert "train.time_budget_minutes" in seq2seq.stop_reason(train_cfg, {**state, "elapsed_s": 61.0})
-    assert "train.patience" in seq2seq.stop_reason(train_cfg, {**state, "epochs_since_best": 3})
-    assert "train.epochs" in seq2seq.stop_reason(train_cfg, {**state, "epoch": 10})
+    for param, change in [("max_steps", {"step": 500}), ("time_budget_minutes", {"elapsed_s": 61.0}),
+                          ("patience", {"epochs_since_best": 3}), ("epochs", {"epoch": 10})]:
+        named, text = seq2seq.stop_reason(train_cfg, {**state, **change})
+        assert named == param and f"train.{param}" in text
 
 
 def test_average_weights_is_the_elementwise_mean(tmp_path):

@@ -1,5 +1,5 @@
-"""Learning-rate schedules, each a pure function of the step: Noam's warmup and decay (sec. 5.3), and a
-linear warmup followed by cosine decay (as nanoGPT trains its LM)."""
+"""Learning-rate schedules, each a pure function of the step: Noam's warmup and decay (sec. 5.3), a linear
+warmup followed by cosine decay (as nanoGPT trains its LM), and the cooldown a run that knows its end applies."""
 
 import math
 
@@ -20,3 +20,11 @@ def cosine_lr(step: int, lr: float, min_lr: float, warmup: int, total: int) -> f
         return lr * step / warmup
     progress = min(1.0, (step - warmup) / max(1, total - warmup))
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (lr - min_lr)
+
+
+def cooldown_factor(done: float, total: float, share: float) -> float:
+    """1 until the last ``share`` of a run of ``total`` (steps or seconds), then falling linearly to 0 at
+    ``total``: warmup-stable-decay's decay (Hägele et al. 2024). ``done``: how much of the run has passed."""
+    if share <= 0:
+        return 1.0
+    return min(1.0, max(0.0, (total - done) / (share * total)))

@@ -53,7 +53,10 @@ class TrainConfig:
     # bf16 on a GPU or a CPU that multiplies bfloat16 natively (AVX512-BF16, AMX), fp32 elsewhere
     max_steps: int = 0  # stop at this many optimizer steps, mid-epoch if need be (the paper's unit, sec. 5.3);
     # 0 = none. Raising it continues a stopped run
-    time_budget_minutes: float = 0.0  # stop after the epoch that passes this much training time; 0 = none
+    time_budget_minutes: float = 0.0  # stop after the epoch that passes this much training time (with a cooldown:
+    # at the budget's end, mid-epoch); 0 = none
+    cooldown: float = 0.0  # the last share of the run over which the rate falls linearly from Noam's to 0, toward
+    # the nearer end: train.epochs' (or max_steps') last step, or the time budget's end. 0: Noam alone (the paper)
     patience: int = 0  # stop after this many epochs without a better validation loss; 0 = never
     average_last: int = 1  # model.pt: the average of the last k epochs' weights (see ``average``)
     average_every: int = 0  # N > 0: average instead the last k weights saved every N steps (the paper's
@@ -89,6 +92,7 @@ class TrainConfig:
         require(self.max_steps >= 0, "max_steps", "must be >= 0 (0: no bound but train.epochs)")
         require(self.time_budget_minutes >= 0, "time_budget_minutes", "must be >= 0")
         require(self.patience >= 0, "patience", "must be >= 0")
+        require(0 <= self.cooldown <= 1, "cooldown", "must be in [0, 1] (a share of the run; 0: none)")
         require(self.average_every >= 0, "average_every", "must be >= 0 (0: average by epochs)")
         check_peak(self.peak_tflops)
         require(self.lr_factor > 0, "lr_factor", "must be > 0")

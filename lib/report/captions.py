@@ -1,6 +1,7 @@
 """What the report says in words beside its figures: the model in a sentence and its parameters by part, and
 what the curves show (the first loss against ln V, a loss that stalled, where the validation loss went)."""
 
+import json
 import math
 from pathlib import Path
 
@@ -8,6 +9,8 @@ import pandas as pd
 
 from lib.core.families import params_family
 from lib.report.families import REPORTING
+from lib.report.pages import metric_name
+from lib.tasks.outputs import STOPPED
 from lib.train.curves import read_curves
 from transformer.model import parameter_counts
 
@@ -156,3 +159,27 @@ def validation_caption(valid: pd.DataFrame | None, family: str) -> str:
                 "last; more dropout or a shorter run are the usual remedies.")
     return text + " A plateau: a longer run would gain little."
 
+
+
+def stop_caption(live_dir: Path) -> str:
+    """Why training stopped (stopped.json, which the translation loop writes beside its curves), at which
+    epoch, whether the validation score was still rising then, and how the rate cooled down. Empty without the
+    file (an LM's run)."""
+    path = Path(live_dir) / STOPPED
+    if not path.is_file():
+        return ""
+    stop = json.loads(path.read_text(encoding="utf-8"))
+    rising = ""
+    if stop["still_rising"]:
+        before, after = stop["last_scores"]
+        rising = f", with validation {metric_name(stop['valid_metric'])} still rising ({before:.4g} -> {after:.4g})"
+    budget = stop["param"] == "time_budget_minutes"
+    if budget:
+        text = f"Training was stopped by the time budget at epoch {stop['epoch']} ({stop['reason']}){rising}."
+    else:
+        text = f"Training stopped at epoch {stop['epoch']}: {stop['reason']}{rising}."
+    if stop.get("cooldown"):
+        end = "the time budget's end" if budget else f"its last step, {stop['planned_steps']:,}"
+        text += (f" Its rate fell linearly to 0 over the run's last {stop['cooldown']:.0%} (train.cooldown), "
+                 f"toward {end}.")
+    return text + (" A larger budget would likely give a better model." if budget and rising else "")

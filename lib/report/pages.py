@@ -132,3 +132,8 @@ def report_html(title: str, before: str, after: str, view: dict) -> str:
     """report.html: report.md's Markdown ``before`` and ``after`` the attention view."""
     body = f"<main>\n{markdown_html(before)}\n{attention_section(view)}\n{markdown_html(after)}\n</main>"
     return page(title, body, (STATIC / "attention.js").read_text())
+
+
+def metric_name(name: str) -> str:
+    """A metric's key as a sentence names it: bleu -> BLEU, exact_match -> exact match."""
+    return "BLEU" if name == "bleu" else name.replace("_", " ")

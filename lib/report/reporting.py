@@ -15,7 +15,8 @@ import pandas as pd
 
 from lib.model import checkpoint
 from lib.core import files
-from lib.report.captions import curves_caption, model_line, model_section, stalled_caption, validation_caption
+from lib.report.captions import (curves_caption, model_line, model_section, stalled_caption, stop_caption,
+                                 validation_caption)
 from lib.core.config import flatten
 from lib.train.curves import CURVES, read_curves
 from lib.report.figures import (plot_losses, plot_valid_score)
@@ -215,6 +216,7 @@ def report_lines(task, cfg, paths: ReportPaths, figures_dir: Path, rel: Path) ->
     first_loss = curves["train/loss"]["value"].iloc[0]
     validation = validation_caption(curves["valid/loss"], chosen.family)
     stalled = stalled_caption(curves["train/loss"], curves["train/lr"], state["tgt_vocab_size"], chosen.family)
+    stopped = stop_caption(live_dir)
     lines = [
         f"# {task}: report", "",
         model_line(state), "",
@@ -226,6 +228,7 @@ def report_lines(task, cfg, paths: ReportPaths, figures_dir: Path, rel: Path) ->
                        model.cfg.tie_embeddings), "",
         *([stalled, ""] if stalled else []),
         *([validation, ""] if validation else []),
+        *([stopped, ""] if stopped else []),
     ]
     scores = valid_score_table(live_dir, chosen)
     if "epoch" in scores.columns and len(scores):

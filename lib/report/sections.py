@@ -15,7 +15,7 @@ from lib.report.figures import (pair_heatmaps, plot_accuracy_by_value, plot_atte
                                 plot_loss_by_length, plot_score_by_length)
 from lib.evaluate.by_length import lengths_as_numbers
 from lib.report.length_study import accuracy_by_value, breaking_length
-from lib.report.pages import code_block, literal, literal_frame
+from lib.report.pages import code_block, literal, literal_frame, metric_name
 from lib.tasks.base import Task
 from lib.data.tokenizer import encode_pairs, encode_text, special_ids
 from lib.evaluate.decode import cut_to_fit
@@ -126,7 +126,7 @@ def seq2seq_sections(chosen: Task, cfg, data_dir, tokenizers, model, metrics, sa
         lines += value_section(accuracy_by_value(samples, read_split(data_dir, "train")), figures_dir, rel)
     if "group" in by_length.columns:  # the task's score by source length (multi30k's BLEU)
         name = by_length.columns[-1]
-        shown = "BLEU" if name == "bleu" else name.replace("_", " ")
+        shown = metric_name(name)
         plot_score_by_length(dict(zip(by_length["group"], by_length[name])),
                              dict(zip(by_length["group"], by_length["sentences"])),
                              figures_dir / f"{name}_by_length.png", name)

@@ -4,9 +4,10 @@ directory holding anything else is refused, before the work and again as it is r
 from lib.data.sources import MANIFEST
 from lib.tasks.base import Task
 
+STOPPED = "stopped.json"  # beside the curves: why training stopped (lib.train.run writes it, the report reads it)
 # By stage and --option, as fnmatch patterns. What fetch and prepare write, each task declares (``holds``).
 HOLDS = {("tokenize", "out"): ("*.json", "*.ids", "*.lengths"),
-         ("train", "checkpoints"): ("*.pt", ".*.tmp"), ("train", "live"): ("metrics.json", "plots"),
+         ("train", "checkpoints"): ("*.pt", ".*.tmp"), ("train", "live"): ("metrics.json", "plots", STOPPED),
          ("report", "figures"): ("*.png",)}
 TASK_DIRECTORIES = (("fetch", "out"), ("prepare", "out"))
 

@@ -1,6 +1,7 @@
 """A training run's bookkeeping: its counters, resumable checkpoints (last.pt), the best weights (best.pt),
 the curves, and model.pt at the end. A kill at any moment loses at most the steps since the last checkpoint."""
 
+import json
 import logging
 import math
 import shutil
@@ -9,6 +10,7 @@ from pathlib import Path
 from lib.model import checkpoint
 from lib.core import distributed
 from lib.core.families import params_family
+from lib.tasks.outputs import STOPPED
 from lib.train.curves import Curves, truncate_curves
 from lib.core.files import atomic_path
 from lib.train.identity import mismatch, run_identity
@@ -118,6 +120,15 @@ class Run:
         if self.ctx.is_main:
             t = self.trainee
             checkpoint.save_model(self.model, t.family, t.vocab, {**extra, **t.trained_with}, path)
+
+    def record_stop(self, param: str, text: str, **facts):
+        """stopped.json beside the curves, for the report: the train ``param`` that stopped the run (``text`` says
+        how), at which step and after how many minutes, and the loop's other ``facts``."""
+        if self.ctx.is_main:
+            stop = {"param": param, "reason": text, "step": self.state["step"],
+                    "minutes": round(self.state.get("elapsed_s", 0.0) / 60, 2), **facts}
+            with atomic_path(Path(self.curves.live_dir) / STOPPED) as tmp:
+                tmp.write_text(json.dumps(stop, indent=1) + "\n")
 
     def finish(self, model_path, source=None) -> dict:
         """Copy ``source`` (default: best.pt) to ``model_path``; under torchrun every process then leaves."""

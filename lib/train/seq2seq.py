@@ -23,22 +23,47 @@ from lib.tasks import get_task
 from lib.train.averaging import averaged_model, averaging_step, keep_for_averaging
 from lib.train.run import Run
 from lib.train.steps import Readings, StepClock, clip, set_lr
-from transformer.schedules import noam_lr
+from transformer.schedules import cooldown_factor, noam_lr
 
 log = logging.getLogger(__name__)
 
 
-def stop_reason(cfg: TrainConfig, state: dict) -> str | None:
-    """Why training stops before its next epoch, or None to go on."""
+def stop_reason(cfg: TrainConfig, state: dict) -> tuple[str, str] | None:
+    """Why training stops before its next epoch: the train param and a sentence; or None to go on."""
     if state["epoch"] >= cfg.epochs:
-        return f"trained {cfg.epochs} epoch{'s' * (cfg.epochs != 1)} (train.epochs)"
+        return "epochs", f"trained {cfg.epochs} epoch{'s' * (cfg.epochs != 1)} (train.epochs)"
     if cfg.max_steps and state["step"] >= cfg.max_steps:
-        return f"trained {cfg.max_steps} steps (train.max_steps)"
+        return "max_steps", f"trained {cfg.max_steps} steps (train.max_steps)"
     if cfg.time_budget_minutes and state["elapsed_s"] >= 60 * cfg.time_budget_minutes:
-        return f"spent {state['elapsed_s'] / 60:.1f} minutes (train.time_budget_minutes: {cfg.time_budget_minutes})"
+        return "time_budget_minutes", (f"spent {state['elapsed_s'] / 60:.1f} minutes (train.time_budget_minutes: "
+                                       f"{cfg.time_budget_minutes})")
     if cfg.patience and state["epochs_since_best"] >= cfg.patience:
-        return f"no better validation loss for {cfg.patience} epochs (train.patience)"
+        return "patience", f"no better validation loss for {cfg.patience} epochs (train.patience)"
     return None
+
+
+def seq2seq_lr(cfg: TrainConfig, step: int, planned: int, elapsed_s: float) -> float:
+    """Step ``step``'s rate: Noam's (eq. 3), cooled over train.cooldown's share of the run toward whichever end
+    comes first, the ``planned`` steps or the time budget (from the ``elapsed_s`` training seconds)."""
+    factor = cooldown_factor(step - 1, planned, cfg.cooldown)
+    if cfg.cooldown and cfg.time_budget_minutes:
+        factor = min(factor, cooldown_factor(elapsed_s, 60 * cfg.time_budget_minutes, cfg.cooldown))
+    return factor * noam_lr(step, cfg.model.d_model, cfg.warmup, cfg.lr_factor)
+
+
+def epoch_batches(train: Pairs, cfg: TrainConfig, epoch: int) -> list[list[int]]:
+    """The epoch's batches, in its own order (seeded by train.seed and the epoch)."""
+    order = torch.Generator().manual_seed(cfg.seed * 1_000_003 + epoch)
+    return token_budget_batches(train, cfg.max_tokens, order, cfg.batch_unit)
+
+
+def planned_steps(train: Pairs, cfg: TrainConfig) -> int:
+    """The optimizer steps of train.epochs (or max_steps, when fewer): the end a cooldown aims at. Padded batches
+    are as many in every epoch, since the sorted lengths alone decide them; real ones are counted epoch by epoch."""
+    counted = range(1 if cfg.batch_unit == "padded" else cfg.epochs)
+    steps = [-(-len(epoch_batches(train, cfg, epoch)) // cfg.accumulate) for epoch in counted]
+    total = sum(steps) * (cfg.epochs if cfg.batch_unit == "padded" else 1)
+    return min(total, cfg.max_steps) if cfg.max_steps else total
 
 
 def encoded_split(tokenizers, data_dir, tokenizer_dir, split: str) -> Pairs:
@@ -70,21 +95,29 @@ def train_seq2seq(task, cfg: TrainConfig, data_dir, tokenizer_dir, model_path, c
     trainee = set_up(task, cfg, tokenizer_dir, family)
     # fused: one pass over each parameter, where the foreach kernels take two on a CPU
     optimizer = torch.optim.Adam(trainee.model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9, fused=True)
+    # A cooldown aims at the run's end, so that the params setting it change the schedule: no resuming across them.
+    ends = () if cfg.cooldown else ("max_steps", "time_budget_minutes")
     run = Run(trainee, cfg, optimizer, length=("epochs", "epoch"),
-              counters={"epoch": 0, "batches_done": 0, "elapsed_s": 0.0, "epochs_since_best": 0},
+              counters={"epoch": 0, "batches_done": 0, "elapsed_s": 0.0, "epochs_since_best": 0,
+                        "valid_scores": []},
               data_dir=data_dir, tokenizer_dir=tokenizer_dir, checkpoint_dir=checkpoint_dir, live_dir=live_dir,
-              stop_keys=("max_steps", "time_budget_minutes", "patience", "average_last", "average"))
+              stop_keys=(*ends, "patience", "average_last", "average"), schedule_uses_length=bool(cfg.cooldown))
     train, valid = seq2seq_splits(run, cfg, data_dir, tokenizer_dir)
+    planned = planned_steps(train, cfg) if cfg.cooldown else 0
     run.open()
     trainee.model.train()
     clock = StepClock()
     with signals.held_to_step_ends(run.ctx.world == 1):
         while (reason := stop_reason(cfg, run.state)) is None:
             clock.spent()  # the epoch's time counts from here
-            complete = seq2seq_epoch(run, cfg, train, clock)
+            complete = seq2seq_epoch(run, cfg, train, clock, planned)
             clock.pause()
             end_epoch(run, cfg, valid, clock, complete)
-    log.info("stopped: %s", reason)
+    log.info("stopped: %s", reason[1])
+    state, scores = run.state, run.state["valid_scores"]
+    run.record_stop(*reason, epoch=state["epoch"] + (state["batches_done"] > 0), cooldown=cfg.cooldown,
+                    planned_steps=planned, valid_metric=get_task(task).valid_metric, last_scores=scores[-2:],
+                    still_rising=len(scores) >= 2 and scores[-1] > scores[-2])
     return run.finish(model_path, averaged_model(run, cfg, valid))
 
 
@@ -94,14 +127,15 @@ def load_batch(train: Pairs, ids, device, ctx, indices: list[int]):
     return collate(train, rows, ids).to(device), weight
 
 
-def seq2seq_epoch(run: Run, cfg: TrainConfig, train: Pairs, clock: StepClock) -> bool:
-    """The rest of the epoch's steps (all of them, unless resuming mid-epoch, or up to ``max_steps``); returns
-    whether the epoch is complete. Each checkpoint adds the time spent so far to the state."""
+def seq2seq_epoch(run: Run, cfg: TrainConfig, train: Pairs, clock: StepClock, planned: int) -> bool:
+    """The rest of the epoch's steps (all of them, unless resuming mid-epoch, or up to ``max_steps``, or with a
+    cooldown to the time budget's end); returns whether the epoch is complete. Each checkpoint adds the time
+    spent so far to the state. ``planned``: the run's steps, for the cooldown (``planned_steps``)."""
     trainee, optimizer, state = run.trainee, run.optimizer, run.state
     model, ids, device, ctx = trainee.train_model, trainee.ids, trainee.device, trainee.ctx
     epoch = state["epoch"]
-    order = torch.Generator().manual_seed(cfg.seed * 1_000_003 + epoch)
-    batches = token_budget_batches(train, cfg.max_tokens, order, cfg.batch_unit)
+    batches = epoch_batches(train, cfg, epoch)
+    budget_s = 60 * cfg.time_budget_minutes if cfg.cooldown else 0.0  # a cooled budget ends mid-epoch
     todo = batches[state["batches_done"]:]  # resuming mid-epoch: checkpoints fall between steps' groups
     steps = [todo[i:i + cfg.accumulate] for i in range(0, len(todo), cfg.accumulate)]  # each step's batches
     load = functools.partial(load_batch, train, ids, device, ctx)
@@ -116,7 +150,11 @@ def seq2seq_epoch(run: Run, cfg: TrainConfig, train: Pairs, clock: StepClock) ->
             src_lengths, tgt_lengths = (side.tolist() for side in train.side_lengths(rows))  # eos included
             n_tokens = sum(tgt_lengths)
             state["step"] += 1
-            lr = noam_lr(state["step"], cfg.model.d_model, cfg.warmup, cfg.lr_factor)
+            elapsed = distributed.from_main(state["elapsed_s"] + clock.unspent(), ctx) if budget_s else 0.0
+            if budget_s and elapsed >= budget_s:  # the rate has reached 0: the step is not taken
+                state["step"] -= 1
+                break
+            lr = seq2seq_lr(cfg, state["step"], planned, elapsed)
             set_lr(optimizer, lr)
             loss_sum = torch.zeros((), device=device)
             for j in range(len(group)):
@@ -172,15 +210,17 @@ def end_epoch(run: Run, cfg: TrainConfig, valid: Pairs, clock: StepClock, comple
     score = validation_score(run, cfg, valid) if cfg.valid_score else {}
     log.info("epoch %d%s: valid loss %.4f%s", epoch + 1, "" if complete else f" (to step {state['step']})",
              valid_loss, "".join(f", {name.split('/')[1]} {value:.4f}" for name, value in score.items()))
-    run.log(**({"epoch": epoch + 1} if complete else {}), **score)
+    elapsed = distributed.from_main(state["elapsed_s"] + clock.spent(), run.ctx)  # validation included
+    run.log(**({"epoch": epoch + 1} if complete else {}), minutes=elapsed / 60, **score)
     improved = run.record_validation(valid_loss, {})
+    if score:
+        state["valid_scores"].append(next(iter(score.values())))
     if complete:
         run.save_model({"step": state["step"], "valid_loss": valid_loss},
                        run.checkpoint_dir / f"epoch-{epoch + 1}.pt")
         if run.ctx.is_main:
             (run.checkpoint_dir / f"epoch-{epoch + 1 - cfg.average_last}.pt").unlink(missing_ok=True)
         state.update(epoch=epoch + 1, batches_done=0)
-    elapsed = distributed.from_main(state["elapsed_s"] + clock.spent(), run.ctx)
     state.update(elapsed_s=elapsed, epochs_since_best=0 if improved else state["epochs_since_best"] + complete)
     run.save_last()
 

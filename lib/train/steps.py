@@ -70,6 +70,10 @@ class StepClock:
         seconds, self.spent_from = now - self.spent_from, now
         return seconds
 
+    def unspent(self) -> float:
+        """The time since ``spent`` was last asked, leaving it to count on."""
+        return time.perf_counter() - self.spent_from
+
     def start(self):
         if self.mark is None:
             self.mark = time.perf_counter()

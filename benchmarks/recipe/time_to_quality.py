@@ -1,0 +1,155 @@
+"""Multi30k's time to quality: the recipe before train.cooldown ("today") and the warmup-stable-decay recipe,
+with the variants that tuned it, trained in turn on one machine through DVC's experiment queue; then a table of
+test BLEU against training minutes, each row's greedy BLEU tested against the first row's by sacreBLEU's paired
+bootstrap resampling (1,000 resamples of the 1,000 test sentences).
+
+    . .venv/bin/activate
+    PYTHONPATH=. python benchmarks/recipe/time_to_quality.py queue --source ../shared/data/multi30k \\
+        [--budget 19] [--rows today,wsd,wsd-budget,today-budget]
+    dvc queue start            # one experiment at a time; `dvc queue status` until all are done
+    PYTHONPATH=. python benchmarks/recipe/time_to_quality.py table [--rows today,wsd,...]
+
+A row's experiment is named after it (`dvc exp show` lists them). --budget: the time budget of the *-budget rows,
+in minutes: a third of what "today" takes on the machine stands for a CPU three times slower. "minutes to X" is
+when the run's validation BLEU first reached the first row's final one (X); "-": never.
+"""
+
+import argparse
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import dvc.api
+import pandas as pd
+import torch
+from sacrebleu.metrics import BLEU
+from sacrebleu.significance import PairedTest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# The recipe the default params held before train.cooldown: Noam alone, stopped by patience or the budget.
+TODAY = {"epochs": 40, "time_budget_minutes": 55, "patience": 6, "average_last": 5, "max_tokens": 2048,
+         "lr_factor": 0.6, "warmup": 800, "cooldown": 0.0, "model.dropout": 0.2}
+ROWS = {
+    "today": TODAY,
+    "today-budget": {**TODAY, "time_budget_minutes": "BUDGET"},
+    "wsd": {},  # the default params
+    "wsd-budget": {"time_budget_minutes": "BUDGET"},
+    "wsd-warmup800": {"warmup": 800},
+    "wsd-lr0.8": {"lr_factor": 0.8},
+    "wsd-cool0.2": {"cooldown": 0.2},
+    "wsd-dropout0.2": {"model.dropout": 0.2},
+    "wsd-tokens1024": {"max_tokens": 1024},
+    "wsd-epochs6": {"epochs": 6},
+}
+
+
+def overrides(row: str, budget: float) -> list[str]:
+    """The row's ``-S`` arguments for `dvc exp run`."""
+    return [f"multi30k.train.{key}={budget if value == 'BUDGET' else value}" for key, value in ROWS[row].items()]
+
+
+def queue(args):
+    source = Path(args.source).expanduser().resolve()  # a queued run works in a copy of the repository
+    for row in args.rows:
+        sets = ["tasks=[multi30k]", f"multi30k.fetch.source={source}", *overrides(row, args.budget)]
+        command = ["dvc", "exp", "run", "--queue", "-n", row, *[arg for s in sets for arg in ("-S", s)]]
+        print(" ".join(command))
+        subprocess.run(command, cwd=ROOT, check=True)
+
+
+def experiments() -> dict[str, str]:
+    """Each experiment's name and commit, from its git ref (refs/exps/.../<name>)."""
+    refs = subprocess.run(["git", "for-each-ref", "--format=%(refname) %(objectname)", "refs/exps"], cwd=ROOT,
+                          capture_output=True, text=True, check=True).stdout.split("\n")
+    return {ref.rsplit("/", 1)[1]: sha for ref, sha in (line.split() for line in refs if line)}
+
+
+def read(path: str, rev: str) -> str:
+    return dvc.api.read(path, repo=str(ROOT), rev=rev)
+
+
+def curve(rev: str, name: str) -> pd.Series:
+    """A dvclive curve of the run as step -> value; empty when the run did not log it."""
+    try:
+        frame = pd.read_csv(io.StringIO(read(f"reports/multi30k/train/plots/metrics/{name}.tsv", rev)), sep="\t")
+    except FileNotFoundError:
+        return pd.Series(dtype=float)
+    return frame.set_index("step")[frame.columns[-1]]
+
+
+def run_row(rev: str) -> dict:
+    """What the table shows of one run: its test outputs and metrics, and its validation BLEU by minutes."""
+    metrics = json.loads(read("reports/multi30k/metrics.json", rev))
+    samples = pd.read_json(io.StringIO(read("reports/multi30k/samples.jsonl", rev)), lines=True)
+    try:
+        stop = json.loads(read("reports/multi30k/train/stopped.json", rev))
+    except FileNotFoundError:  # a run from before stopped.json
+        stop = {}
+    bleu, minutes, epochs = curve(rev, "valid/bleu"), curve(rev, "minutes"), curve(rev, "epoch")
+    if not len(minutes):  # a run from before the minutes curve: its total, at its last validation, from last.pt
+        with dvc.api.open("models/multi30k/checkpoints/last.pt", repo=str(ROOT), rev=rev, mode="rb") as file:
+            elapsed = torch.load(io.BytesIO(file.read()), weights_only=True, map_location="cpu")["elapsed_s"]
+        minutes = pd.Series({bleu.index[-1]: elapsed / 60})
+    by_minutes = pd.DataFrame({"bleu": bleu, "minutes": minutes})
+    beam = next(key for key in metrics if key.startswith("beam"))
+    greedy = samples["greedy"].tolist()
+    assert abs(BLEU().corpus_score(greedy, [samples["reference"].tolist()]).score - metrics["greedy"]["bleu"]) < 1e-9
+    return {"metrics": metrics, "beam": beam, "greedy": greedy, "references": samples["reference"].tolist(),
+            "valid": by_minutes, "final_valid": bleu.iloc[-1], "epochs": stop.get("epoch", int(epochs.iloc[-1])),
+            "minutes": minutes.iloc[-1], "stopped": stop.get("param", "?")}
+
+
+def minutes_to(valid: pd.DataFrame, target: float) -> str:
+    """When the validation BLEU first reached ``target``: "-" never, "?" at a validation whose time the run did
+    not log."""
+    reached = valid[valid["bleu"] >= target]
+    if not len(reached):
+        return "-"
+    return "?" if pd.isna(reached["minutes"].iloc[0]) else f"{reached['minutes'].iloc[0]:.1f}"
+
+
+def table(args):
+    found = experiments()
+    missing = [row for row in args.rows if row not in found]
+    if missing:
+        sys.exit(f"no experiment named {', '.join(missing)}: queue it (`queue --rows ...`), then `dvc queue start`")
+    runs = {row: run_row(found[row]) for row in args.rows}
+    first, base = args.rows[0], runs[args.rows[0]]
+    target = base["final_valid"]
+    systems = [(row, run["greedy"]) for row, run in runs.items()]
+    _, results = PairedTest(systems, {"BLEU": BLEU()}, [base["references"]], test_type="bs")()
+    tests = dict(zip(runs, results["BLEU"]))
+    lines = [f"| row | overrides | stopped by | epochs | training minutes | minutes to valid BLEU {target:.2f} | "
+             f"test greedy (95% CI) | p vs {first} | beam | chrF greedy |", "|" + "---|" * 10]
+    for row, run in runs.items():
+        m, result = run["metrics"], tests[row]
+        p = "-" if row == first else f"{result.p_value:.4f}"
+        changed = " ".join(f"{k}={v}" for k, v in ROWS.get(row, {}).items()) or "(the defaults)"
+        lines.append(f"| {row} | `{changed}` | {run['stopped']} | {run['epochs']} | {run['minutes']:.1f} | "
+                     f"{minutes_to(run['valid'], target)} | {m['greedy']['bleu']:.2f} ({result.mean:.2f} ± "
+                     f"{result.ci:.2f}) | {p} | {m[run['beam']]['bleu']:.2f} | {m['greedy']['chrf']:.2f} |")
+    print("\n".join(lines))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    q = commands.add_parser("queue", help="queue the rows' experiments")
+    q.add_argument("--source", required=True, help="the Multi30k raw files (a local directory, or the URL)")
+    q.add_argument("--budget", type=float, default=19.0, help="the *-budget rows' time budget, in minutes")
+    t = commands.add_parser("table", help="the rows' results, the first row the baseline")
+    for sub in (q, t):
+        sub.add_argument("--rows", type=lambda text: text.split(","), default=["today", "wsd", "wsd-budget",
+                                                                                "today-budget"])
+    args = parser.parse_args()
+    unknown = [row for row in args.rows if row not in ROWS] if args.command == "queue" else []
+    if unknown:
+        parser.error(f"--rows: no row named {', '.join(unknown)} (rows: {', '.join(ROWS)})")
+    {"queue": queue, "table": table}[args.command](args)
+
+
+if __name__ == "__main__":
+    main()
