@@ -37,7 +37,7 @@ ROWS = {
     "today-budget": {**TODAY, "time_budget_minutes": "BUDGET"},
     "wsd": {},  # the default params
     "wsd-budget": {"time_budget_minutes": "BUDGET"},
-    "wsd-warmup800": {"warmup": 800},
+    "wsd-warmup400": {"warmup": 400},
     "wsd-lr0.8": {"lr_factor": 0.8},
     "wsd-cool0.2": {"cooldown": 0.2},
     "wsd-dropout0.2": {"model.dropout": 0.2},
