@@ -1,5 +1,5 @@
-"""Multi30k's time to quality: the recipe before train.cooldown ("today") and the warmup-stable-decay recipe,
-with the variants that tuned it, trained in turn on one machine through DVC's experiment queue; then a table of
+"""Multi30k's time to quality: the default recipe, Noam's rate alone ("today"), and warmup-stable-decay
+(train.cooldown) with variants, trained in turn on one machine through DVC's experiment queue; then a table of
 test BLEU against training minutes, each row's greedy BLEU tested against the first row's by sacreBLEU's paired
 bootstrap resampling (1,000 resamples of the 1,000 test sentences).
 
@@ -29,20 +29,21 @@ from sacrebleu.significance import PairedTest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# The recipe the default params held before train.cooldown: Noam alone, stopped by patience or the budget.
+# Noam alone, stopped by patience or the budget: multi30k's default params.
 TODAY = {"epochs": 40, "time_budget_minutes": 55, "patience": 6, "average_last": 5, "max_tokens": 2048,
          "lr_factor": 0.6, "warmup": 800, "cooldown": 0.0, "model.dropout": 0.2}
+# Warmup-stable-decay: the same warmup and peak, then the rate cooled to 0 over the last 40% of 7 epochs.
+WSD = {**TODAY, "epochs": 7, "cooldown": 0.4, "patience": 0, "model.dropout": 0.1}
 ROWS = {
     "today": TODAY,
     "today-budget": {**TODAY, "time_budget_minutes": "BUDGET"},
-    "wsd": {},  # the default params
-    "wsd-budget": {"time_budget_minutes": "BUDGET"},
-    "wsd-warmup400": {"warmup": 400},
-    "wsd-lr0.8": {"lr_factor": 0.8},
-    "wsd-cool0.2": {"cooldown": 0.2},
-    "wsd-dropout0.2": {"model.dropout": 0.2},
-    "wsd-tokens1024": {"max_tokens": 1024},
-    "wsd-epochs6": {"epochs": 6},
+    "wsd": WSD,
+    "wsd-budget": {**WSD, "time_budget_minutes": "BUDGET"},
+    "wsd-epochs9": {**WSD, "epochs": 9},
+    "wsd-warmup400": {**WSD, "warmup": 400},
+    "wsd-cool0.2": {**WSD, "cooldown": 0.2},
+    "wsd-tokens4096": {**WSD, "max_tokens": 4096},
+    "today-cooled-budget": {**TODAY, "cooldown": 0.4, "patience": 0, "time_budget_minutes": "BUDGET"},
 }
 
 
@@ -67,31 +68,37 @@ def experiments() -> dict[str, str]:
     return {ref.rsplit("/", 1)[1]: sha for ref, sha in (line.split() for line in refs if line)}
 
 
-def read(path: str, rev: str) -> str:
-    return dvc.api.read(path, repo=str(ROOT), rev=rev)
+def reader(run: str):
+    """A function from a pipeline path to the run's file's bytes: ``run`` an experiment's commit, or a directory
+    laid out as the pipeline's (a run made by hand)."""
+    if Path(run).is_dir():
+        return lambda path: (Path(run) / path).read_bytes()
+    return lambda path: dvc.api.read(path, repo=str(ROOT), rev=run, mode="rb")
 
 
-def curve(rev: str, name: str) -> pd.Series:
+def curve(read, name: str) -> pd.Series:
     """A dvclive curve of the run as step -> value; empty when the run did not log it."""
     try:
-        frame = pd.read_csv(io.StringIO(read(f"reports/multi30k/train/plots/metrics/{name}.tsv", rev)), sep="\t")
+        text = read(f"reports/multi30k/train/plots/metrics/{name}.tsv")
     except FileNotFoundError:
         return pd.Series(dtype=float)
+    frame = pd.read_csv(io.BytesIO(text), sep="\t")
     return frame.set_index("step")[frame.columns[-1]]
 
 
-def run_row(rev: str) -> dict:
+def run_row(run: str) -> dict:
     """What the table shows of one run: its test outputs and metrics, and its validation BLEU by minutes."""
-    metrics = json.loads(read("reports/multi30k/metrics.json", rev))
-    samples = pd.read_json(io.StringIO(read("reports/multi30k/samples.jsonl", rev)), lines=True)
+    read = reader(run)
+    metrics = json.loads(read("reports/multi30k/metrics.json"))
+    samples = pd.read_json(io.BytesIO(read("reports/multi30k/samples.jsonl")), lines=True)
     try:
-        stop = json.loads(read("reports/multi30k/train/stopped.json", rev))
+        stop = json.loads(read("reports/multi30k/train/stopped.json"))
     except FileNotFoundError:  # a run from before stopped.json
         stop = {}
-    bleu, minutes, epochs = curve(rev, "valid/bleu"), curve(rev, "minutes"), curve(rev, "epoch")
+    bleu, minutes, epochs = curve(read, "valid/bleu"), curve(read, "minutes"), curve(read, "epoch")
     if not len(minutes):  # a run from before the minutes curve: its total, at its last validation, from last.pt
-        with dvc.api.open("models/multi30k/checkpoints/last.pt", repo=str(ROOT), rev=rev, mode="rb") as file:
-            elapsed = torch.load(io.BytesIO(file.read()), weights_only=True, map_location="cpu")["elapsed_s"]
+        last = read("models/multi30k/checkpoints/last.pt")
+        elapsed = torch.load(io.BytesIO(last), weights_only=True, map_location="cpu")["elapsed_s"]
         minutes = pd.Series({bleu.index[-1]: elapsed / 60})
     by_minutes = pd.DataFrame({"bleu": bleu, "minutes": minutes})
     beam = next(key for key in metrics if key.startswith("beam"))
@@ -112,7 +119,7 @@ def minutes_to(valid: pd.DataFrame, target: float) -> str:
 
 
 def table(args):
-    found = experiments()
+    found = {**experiments(), **dict(item.split("=", 1) for item in args.run)}
     missing = [row for row in args.rows if row not in found]
     if missing:
         sys.exit(f"no experiment named {', '.join(missing)}: queue it (`queue --rows ...`), then `dvc queue start`")
@@ -141,6 +148,8 @@ def main():
     q.add_argument("--source", required=True, help="the Multi30k raw files (a local directory, or the URL)")
     q.add_argument("--budget", type=float, default=19.0, help="the *-budget rows' time budget, in minutes")
     t = commands.add_parser("table", help="the rows' results, the first row the baseline")
+    t.add_argument("--run", action="append", default=[], metavar="ROW=DIR",
+                   help="a row's run from a directory laid out as the pipeline's outputs, not an experiment")
     for sub in (q, t):
         sub.add_argument("--rows", type=lambda text: text.split(","), default=["today", "wsd", "wsd-budget",
                                                                                 "today-budget"])
