@@ -14,7 +14,12 @@ import torch
 import yaml
 
 from lib.model import checkpoint
+from lib.evaluate import families as evaluate_families
+from lib.evaluate.evaluation import EvaluatePaths
+from lib.report import reporting
+from lib.report.reporting import ReportPaths
 from lib.report.captions import stop_caption
+from lib.tasks import multi30k
 from lib.tasks.params import stage_config
 from lib.tasks.writing import run_fetch, run_prepare, run_tokenize
 from lib.train import training
@@ -128,6 +133,13 @@ def test_a_time_budget_cools_the_rate_to_zero_as_it_ends(tmp_path, data):
     assert caption.startswith(f"Training was stopped by the time budget at epoch {stop['epoch']} (spent 0.1 minutes")
     assert "Its rate fell linearly to 0 over the run's last 50% (train.cooldown), toward the time budget's end." \
         in caption
+    reports, cfg = tmp_path / "reports", lambda stage: stage_config(params, "cumsum", stage)  # noqa: E731
+    paths = dict(data=data / "data", tokenizer=data / "tok", model=tmp_path / "model.pt", metrics=reports /
+                 "metrics.json", samples=reports / "samples.jsonl", lengths=reports / "by_length.csv")
+    evaluate_families.run("cumsum", cfg("evaluate"), EvaluatePaths(**paths))
+    reporting.run("cumsum", cfg("report"), ReportPaths(**paths, live=tmp_path / "live", out=reports / "report.md",
+                                                        figures=reports / "figures", losses=reports / "losses.csv"))
+    assert caption in (reports / "report.md").read_text()  # and the score by epoch places the last validation
 
 
 def test_the_report_says_a_budget_stopped_a_run_still_improving(tmp_path):
@@ -176,3 +188,16 @@ def test_a_killed_run_with_a_cooldown_resumes_to_the_same_weights(tmp_path, data
     a, b = checkpoint.load(straight / "model.pt"), checkpoint.load(killed / "model.pt")
     assert a["step"] == b["step"] and all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     assert logged_rates(killed)["lr"].tolist() == logged_rates(straight)["lr"].tolist()
+
+
+def test_a_validation_inside_an_epoch_is_placed_at_its_share_of_the_epoch(tmp_path):
+    """A cooled time budget (or max_steps) stops a run inside an epoch, and validates there: the report's score by
+    epoch places that row at step / steps-an-epoch, where it raised an error (an epoch of NaN)."""
+    metrics = tmp_path / "plots" / "metrics"
+    (metrics / "valid").mkdir(parents=True)
+    (metrics / "valid" / "bleu.tsv").write_text("step\tbleu\n230\t10.0\n460\t20.0\n504\t25.0\n")
+    (metrics / "epoch.tsv").write_text("step\tepoch\n230\t1\n460\t2\n")
+    table = reporting.valid_score_table(tmp_path, multi30k.Multi30k())
+    assert table["epoch"].tolist() == [1.0, 2.0, 2.19] and table["bleu"].tolist() == [10.0, 20.0, 25.0]
+    (metrics / "epoch.tsv").write_text("step\tepoch\n")  # stopped inside the first epoch: no place to give it
+    assert reporting.valid_score_table(tmp_path, multi30k.Multi30k())["epoch"].isna().all()

@@ -1,5 +1,6 @@
 """What the report says in words beside its figures: the model in a sentence and its parameters by part, and
-what the curves show (the first loss against ln V, a loss that stalled, where the validation loss went)."""
+what the curves show (the first loss against ln V, a loss that stalled, where the validation loss went, what
+stopped training)."""
 
 import json
 import math
@@ -158,7 +159,6 @@ def validation_caption(valid: pd.DataFrame | None, family: str) -> str:
                 "better than it generalises. model.pt holds the best weights (or the last epochs' average), not the "
                 "last; more dropout or a shorter run are the usual remedies.")
     return text + " A plateau: a longer run would gain little."
-
 
 
 def stop_caption(live_dir: Path) -> str:

@@ -191,6 +191,12 @@ def valid_score_table(live_dir: Path, chosen: Task) -> pd.DataFrame:
     if curves["epoch"] is not None:
         epochs = curves["epoch"][["step", "value"]].rename(columns={"value": "epoch"})
         table = table.merge(epochs, on="step", how="left")[["step", "epoch", name]]
+        # A validation inside an epoch (max_steps, a cooled time budget) at its share of the epochs' steps
+        complete = table.dropna(subset=["epoch"])
+        if len(complete):
+            inside = table["epoch"].isna()
+            per_epoch = complete["step"].iloc[-1] / complete["epoch"].iloc[-1]
+            table.loc[inside, "epoch"] = (table.loc[inside, "step"] / per_epoch).round(2)
     return table
 
 
@@ -234,10 +240,11 @@ def report_lines(task, cfg, paths: ReportPaths, figures_dir: Path, rel: Path) ->
     if "epoch" in scores.columns and len(scores):
         plot_valid_score(scores, chosen.valid_metric, figures_dir / "valid_score.png")
         best = scores.loc[scores[chosen.valid_metric].idxmax()]
+        when = f"after epoch {best['epoch']:g}" if pd.notna(best["epoch"]) else f"at step {int(best['step'])}"
         lines += ["## Validation score by epoch", "",
                   f"The task's score of the greedy outputs of the validation split after each epoch ("
-                  f"{chosen.valid_metric}; train.valid_score), best {best[chosen.valid_metric]:.4f} after epoch "
-                  f"{int(best['epoch'])}. It can keep rising after the validation loss stops falling.", "",
+                  f"{chosen.valid_metric}; train.valid_score), best {best[chosen.valid_metric]:.4f} {when}. It "
+                  "can keep rising after the validation loss stops falling.", "",
                   f"![validation score by epoch]({rel}/valid_score.png)", ""]
     view_at = len(lines)
     lines += family.sections(chosen, cfg, data_dir, tokenizers, model, metrics, samples, by_length, figures_dir,
