@@ -158,7 +158,10 @@ def test_the_report_says_a_budget_stopped_a_run_still_improving(tmp_path):
     assert stop_caption(tmp_path) == (
         "Training stopped at epoch 7: trained 7 epochs (train.epochs), with validation BLEU still rising (39.63 -> "
         "41.37). Its rate fell linearly to 0 over the run's last 40% (train.cooldown), toward its last step, 1,610.")
-    assert stop_caption(tmp_path / "none") == ""  # an LM's run writes none
+    (tmp_path / "stopped.json").write_text(json.dumps({"param": "max_iters", "step": 3400,
+                                                       "reason": "trained 3400 steps (train.max_iters)"}))
+    assert stop_caption(tmp_path) == "Training stopped: trained 3400 steps (train.max_iters)."  # an LM's
+    assert stop_caption(tmp_path / "none") == ""  # a run from before stopped.json
 
 
 @pytest.mark.slow  # a trainer killed, its own process

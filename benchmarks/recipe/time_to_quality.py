@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 import dvc.api
+from dvc.exceptions import PathMissingError
 import pandas as pd
 import torch
 from sacrebleu.metrics import BLEU
@@ -73,7 +74,13 @@ def reader(run: str):
     laid out as the pipeline's (a run made by hand)."""
     if Path(run).is_dir():
         return lambda path: (Path(run) / path).read_bytes()
-    return lambda path: dvc.api.read(path, repo=str(ROOT), rev=run, mode="rb")
+
+    def read(path: str) -> bytes:
+        try:
+            return dvc.api.read(path, repo=str(ROOT), rev=run, mode="rb")
+        except PathMissingError as error:
+            raise FileNotFoundError(path) from error
+    return read
 
 
 def curve(read, name: str) -> pd.Series:
@@ -134,7 +141,7 @@ def table(args):
     for row, run in runs.items():
         m, result = run["metrics"], tests[row]
         p = "-" if row == first else f"{result.p_value:.4f}"
-        changed = " ".join(f"{k}={v}" for k, v in ROWS.get(row, {}).items()) or "(the defaults)"
+        changed = " ".join(arg.removeprefix("multi30k.train.") for arg in overrides(row, args.budget))
         lines.append(f"| {row} | `{changed}` | {run['stopped']} | {run['epochs']} | {run['minutes']:.1f} | "
                      f"{minutes_to(run['valid'], target)} | {m['greedy']['bleu']:.2f} ({result.mean:.2f} ± "
                      f"{result.ci:.2f}) | {p} | {m[run['beam']]['bleu']:.2f} | {m['greedy']['chrf']:.2f} |")
@@ -146,15 +153,15 @@ def main():
     commands = parser.add_subparsers(dest="command", required=True)
     q = commands.add_parser("queue", help="queue the rows' experiments")
     q.add_argument("--source", required=True, help="the Multi30k raw files (a local directory, or the URL)")
-    q.add_argument("--budget", type=float, default=19.0, help="the *-budget rows' time budget, in minutes")
     t = commands.add_parser("table", help="the rows' results, the first row the baseline")
     t.add_argument("--run", action="append", default=[], metavar="ROW=DIR",
                    help="a row's run from a directory laid out as the pipeline's outputs, not an experiment")
     for sub in (q, t):
+        sub.add_argument("--budget", type=float, default=19.0, help="the *-budget rows' time budget, in minutes")
         sub.add_argument("--rows", type=lambda text: text.split(","), default=["today", "wsd", "wsd-budget",
                                                                                 "today-budget"])
     args = parser.parse_args()
-    unknown = [row for row in args.rows if row not in ROWS] if args.command == "queue" else []
+    unknown = [row for row in args.rows if row not in ROWS]
     if unknown:
         parser.error(f"--rows: no row named {', '.join(unknown)} (rows: {', '.join(ROWS)})")
     {"queue": queue, "table": table}[args.command](args)

@@ -162,13 +162,15 @@ def validation_caption(valid: pd.DataFrame | None, family: str) -> str:
 
 
 def stop_caption(live_dir: Path) -> str:
-    """Why training stopped (stopped.json, which the translation loop writes beside its curves), at which
-    epoch, whether the validation score was still rising then, and how the rate cooled down. Empty without the
-    file (an LM's run)."""
+    """Why training stopped (stopped.json, which the training loop writes beside its curves), at which
+    epoch, whether the validation score was still rising then, and how the rate cooled down (a translation
+    task's). Empty without the file (a run from before it)."""
     path = Path(live_dir) / STOPPED
     if not path.is_file():
         return ""
     stop = json.loads(path.read_text(encoding="utf-8"))
+    if "epoch" not in stop:  # an LM's: its steps
+        return f"Training stopped: {stop['reason']}."
     rising = ""
     if stop["still_rising"]:
         before, after = stop["last_scores"]

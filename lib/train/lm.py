@@ -86,7 +86,6 @@ def train_lm(task, cfg: LMTrainConfig, data_dir, tokenizer_dir, model_path, chec
         raise ConfigError(f"train.batch_size: {cfg.batch_size} does not divide among {ctx.world} processes")
     tokens, flops = step_work(cfg, trainee.vocab["tgt_vocab_size"])
     run.open()
-
     trainee.model.train()
     clock = StepClock()
     with signals.held_to_step_ends(ctx.world == 1), \
@@ -128,4 +127,5 @@ def train_lm(task, cfg: LMTrainConfig, data_dir, tokenizer_dir, model_path, chec
                 run.save_last()
                 clock.pause()
                 signals.stop_if_requested()
+    run.record_stop("max_iters", f"trained {cfg.max_iters} steps (train.max_iters)")
     return run.finish(model_path)

@@ -125,8 +125,9 @@ class Run:
         """stopped.json beside the curves, for the report: the train ``param`` that stopped the run (``text`` says
         how), at which step and after how many minutes, and the loop's other ``facts``."""
         if self.ctx.is_main:
-            stop = {"param": param, "reason": text, "step": self.state["step"],
-                    "minutes": round(self.state.get("elapsed_s", 0.0) / 60, 2), **facts}
+            stop = {"param": param, "reason": text, "step": self.state["step"], **facts}
+            if "elapsed_s" in self.state:  # a loop that keeps the time budget's clock
+                stop["minutes"] = round(self.state["elapsed_s"] / 60, 2)
             with atomic_path(Path(self.curves.live_dir) / STOPPED) as tmp:
                 tmp.write_text(json.dumps(stop, indent=1) + "\n")
 
