@@ -38,7 +38,7 @@ def test_dvc_repro_end_to_end(tmp_path):
     sh("git", "commit", "-qm", "baseline", cwd=repo, env=env)
     assert sh("git", "ls-files", "reports", cwd=repo, env=env).split() == [
         f"reports/cumsum/{name}" for name in ("by_length.csv", "losses.csv", "metrics.json", "train/metrics.json",
-                                              "valid_score.csv")]
+                                              "train/stopped.json", "valid_score.csv")]
     clone = tmp_path / "clone"
     sh("git", "clone", "-q", str(repo), str(clone), cwd=tmp_path, env=env)
     shown = json.loads(sh(DVC, "exp", "show", "--json", cwd=clone, env=env))
