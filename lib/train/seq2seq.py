@@ -149,11 +149,10 @@ def seq2seq_epoch(run: Run, cfg: TrainConfig, train: Pairs, clock: StepClock, pl
             rows = torch.tensor([row for indices in group for row in indices])  # the global batches'
             src_lengths, tgt_lengths = (side.tolist() for side in train.side_lengths(rows))  # eos included
             n_tokens = sum(tgt_lengths)
-            state["step"] += 1
             elapsed = distributed.from_main(state["elapsed_s"] + clock.unspent(), ctx) if budget_s else 0.0
             if budget_s and elapsed >= budget_s:  # the rate has reached 0: the step is not taken
-                state["step"] -= 1
                 break
+            state["step"] += 1
             lr = seq2seq_lr(cfg, state["step"], planned, elapsed)
             set_lr(optimizer, lr)
             loss_sum = torch.zeros((), device=device)
