@@ -280,7 +280,7 @@ def test_sampling_is_seeded_and_stays_in_the_top_k():
 
 def test_lm_stages_write_metrics_samples_and_report(lm_built):
     metrics = json.loads(lm_built["metrics"].read_text())
-    assert set(metrics) == {"n_valid_tokens", "loss", "perplexity", "bits_per_char"}
+    assert set(metrics) == {"n_valid_tokens", "loss", "perplexity", "bits_per_char", "parameters"}
     assert metrics["bits_per_char"] == pytest.approx(metrics["loss"] / 0.6931471805599453)  # chars = tokens
     assert metrics["loss"] < 3.0  # far below uniform over the alphabet (ln 30 = 3.4)
     samples = pd.read_json(lm_built["samples"], lines=True)

@@ -149,8 +149,12 @@ def test_evaluate_writes_metrics_and_samples(built):
     greedy = metrics["greedy"]  # every wrong output is the search's fault or the model's (word-level: tokens = text)
     assert greedy["search_errors"] + greedy["model_errors"] == pytest.approx(1 - greedy["exact_match"])
     samples = pd.read_json(built["samples"], lines=True, dtype=False)
-    assert list(samples.columns) == ["split", "source", "reference", "greedy", "correct", "score", "first", "worst"]
+    assert list(samples.columns) == ["split", "source", "reference", "greedy", "correct", "score", "first", "worst",
+                                     "reference_nll", "reference_tokens"]
     test, study = samples[samples["split"] == "test"], samples[samples["split"] == "lengths"]
+    # Each reference's share of the test loss, for lib.use.compare's paired test: together, the test loss
+    assert test["reference_nll"].sum() / test["reference_tokens"].sum() == pytest.approx(metrics["loss"], rel=1e-5)
+    assert metrics["parameters"] > 0
     assert len(test) == 60 and test["first"].tolist() == [True] * 10 + [False] * 50  # every test example
     worst = test[test["worst"]]["score"]
     assert len(worst) == 10 and worst.max() <= test[~test["worst"]]["score"].min()
@@ -493,7 +497,7 @@ def test_the_validation_score_by_epoch_is_the_score_of_that_epochs_greedy_output
     """train.valid_score: after each epoch the exact match of the greedy valid outputs, logged and drawn; the
     decoding leaves training as it was (off, the same weights)."""
     scores = pd.read_csv(built["report"].parent / "valid_score.csv")
-    assert list(scores.columns) == ["step", "epoch", "exact_match"] and scores["epoch"].tolist() == [1, 2]
+    assert list(scores.columns) == ["step", "epoch", "minutes", "exact_match"] and scores["epoch"].tolist() == [1, 2]
     state = checkpoint.load(built["model"])  # the best epoch's weights: its score is the one logged for it
     model, tokenizers, _ = checkpoint.load_trained(built["model"], built["tokenizer"], task="cumsum")
     valid = tokenizer.encode_pairs(tokenizers, read_split(built["data"], "valid"))

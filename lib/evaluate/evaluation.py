@@ -24,6 +24,7 @@ from lib.core.sections import EvaluateConfig, LMEvaluateConfig
 from lib.data.pairs import Pairs, read_split, read_text
 from lib.core.files import atomic_path
 from transformer.decoding import Hypothesis, check_alpha
+from transformer.model import parameter_counts
 from transformer.sampling import sampled
 from lib.evaluate.options import write_defaults
 from lib.evaluate.decode import cut_to_fit, score_outputs, translate_n_best
@@ -112,7 +113,7 @@ def evaluate_seq2seq(task, cfg: EvaluateConfig, paths: EvaluatePaths):
     references = test["tgt"].tolist()
     metrics = {"n_test": len(test), **({"n_test_cut": cut} if cut else {}), "loss": loss,
                "perplexity": perplexity(loss), "valid_loss": valid_loss,
-               "valid_perplexity": perplexity(valid_loss)}
+               "valid_perplexity": perplexity(valid_loss), "parameters": parameter_counts(model)["total"]}
     searches = {"greedy": 1} | ({f"beam{cfg.beam_size}": cfg.beam_size} if cfg.beam_size > 1 else {})
     scored_references = score_outputs(model, pairs.src, pairs.tgt, ids, cfg.max_tokens)
     outputs = {}
@@ -134,7 +135,10 @@ def evaluate_seq2seq(task, cfg: EvaluateConfig, paths: EvaluatePaths):
     samples = sample_rows(chosen, "test", test, outputs["greedy"])
     samples = samples.assign(first=test.index < cfg.n_samples,
                              worst=samples["score"].rank(method="first").lt(cfg.n_samples + 1),
-                             **{name: texts for name, texts in outputs.items() if name != "greedy"})  # beam's
+                             **{name: texts for name, texts in outputs.items() if name != "greedy"},  # beam's
+                             # each reference's share of the test loss, for a paired test between runs
+                             reference_nll=[-r.log_prob for r in scored_references],
+                             reference_tokens=[len(r.tokens) + r.eos for r in scored_references])
     if extra := chosen.extra_split:  # cumsum's length study: exact match at every length
         frame = frames[extra]
         hypotheses = greedy_texts(model, encoded[extra], ids, tokenizers.target, cfg)
@@ -215,7 +219,7 @@ def evaluate_lm(task, cfg: LMEvaluateConfig, paths: EvaluatePaths):
     ids = encode_text(tokenizer, text)
     totals, counts = position_losses(model, ids, state["block_size"])
     metrics = scores(totals, counts, len(ids), len(text))
-    metrics = {"n_valid_tokens": metrics.pop("tokens"), **metrics}
+    metrics = {"n_valid_tokens": metrics.pop("tokens"), **metrics, "parameters": parameter_counts(model)["total"]}
     by_length = loss_by_length(totals, counts)
     generator = torch.Generator().manual_seed(cfg.seed)
     rows = []

@@ -87,6 +87,11 @@ def card_html(task: str, summary: str, metrics: dict[str, float | int | str]) ->
     return page(f"{task}: headline", body)
 
 
+COMPARE_LINK = ('\n<p>Runs side by side: <a href="compare/index.html">compare/index.html</a>, written by '
+                '<code>python -m lib.use.compare</code>: what a run changed, what it bought, and whether the '
+                "difference is real.</p>")
+
+
 def index_html(tasks: list[str], descriptions: dict[str, str]) -> str:
     """reports/index.html: a section per task, with its card (a frame: each task's report stage writes its own,
     so the index is never staler than the reports it shows) and links to its pages."""
@@ -100,7 +105,7 @@ def index_html(tasks: list[str], descriptions: dict[str, str]) -> str:
             "</iframe></section>")
     body = ("<main><h1>Reports</h1>\n<p>One section per task in <code>params.yaml: tasks</code>; each card shows "
             "what the task's last <code>dvc repro</code> measured (a task not built yet shows none).</p>\n"
-            + "\n".join(sections) + "</main>")
+            + "\n".join(sections) + COMPARE_LINK + "</main>")
     return page("Reports", body)
 
 

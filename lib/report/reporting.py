@@ -179,11 +179,12 @@ class Report(NamedTuple):
 
 
 def valid_score_table(live_dir: Path, chosen: Task) -> pd.DataFrame:
-    """valid_score.csv, the plot of the validation score (step, [epoch,] score): the task's ``valid_metric``
-    logged after each epoch (a translation task), or the validation loss (an LM). No rows: none was logged
-    (train.valid_score false)."""
+    """valid_score.csv, the plot of the validation score (step, [epoch,] [minutes,] score): the task's
+    ``valid_metric`` logged after each epoch (a translation task), or the validation loss (an LM), with the
+    training minutes spent by then where the run logged them. No rows: none was logged (train.valid_score
+    false). The score is the last column, the one `dvc plots` draws."""
     name = chosen.valid_metric or "loss"
-    curves = read_curves(live_dir, (f"valid/{name}", "epoch"))
+    curves = read_curves(live_dir, (f"valid/{name}", "epoch", "minutes"))
     curve = curves[f"valid/{name}"]
     if curve is None:
         return pd.DataFrame(columns=["step", name])
@@ -197,6 +198,10 @@ def valid_score_table(live_dir: Path, chosen: Task) -> pd.DataFrame:
             inside = table["epoch"].isna()
             per_epoch = complete["step"].iloc[-1] / complete["epoch"].iloc[-1]
             table.loc[inside, "epoch"] = (table.loc[inside, "step"] / per_epoch).round(2)
+    if curves["minutes"] is not None:
+        minutes = curves["minutes"][["step", "value"]].rename(columns={"value": "minutes"})
+        table = table.merge(minutes, on="step", how="left")
+        table = table[[column for column in table.columns if column != name] + [name]]
     return table
 
 

@@ -18,10 +18,10 @@ from lib.data.sources import NothingToFetch
 SPLIT_FILES = ("train.parquet", "valid.parquet", "test.parquet")
 # The metrics.json keys the evaluate stage writes for a task of each family, beside a seq2seq task's scores by
 # search (greedy.<score>, beam<width>.<score>); tests/test_stages.py holds the stage to them.
-SEQ2SEQ_METRICS = ("n_test", "loss", "perplexity", "valid_loss", "valid_perplexity")
+SEQ2SEQ_METRICS = ("n_test", "loss", "perplexity", "valid_loss", "valid_perplexity", "parameters")
 SEARCHES = ("greedy", "beam*")
 EXTRA_SPLIT_METRICS = ("exact_up_to_length",)  # the extra split's, scored by length
-LM_METRICS = ("n_valid_tokens", "loss", "perplexity", "bits_per_char")
+LM_METRICS = ("n_valid_tokens", "loss", "perplexity", "bits_per_char", "parameters")
 
 
 def exact_matches(hypotheses: list[str], references: list[str]) -> list[bool]:
