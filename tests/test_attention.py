@@ -185,6 +185,51 @@ def test_grouped_query_attention_is_the_paper_attention_with_shared_key_value_he
     assert (torch.cat(steps, 1) - full(x, mask=causal_mask(T))[0]).abs().max() <= 1e-5
 
 
+@pytest.mark.parametrize("fused", [True, False])
+def test_heads_of_any_width_are_eq_1_in_each_head_concatenated_and_projected_back(fused):
+    """d_head apart from d_model / n_heads (the paper's d_k = d_v, Table 3's rows B): each head is eq. 1 on its
+    own D-wide slice of the projections, and W^O maps the H * D concatenation back to C."""
+    B, T, C, H, D = 2, 5, 32, 4, 12
+    module = MultiHeadAttention(C, H, fused_qkv=fused, d_head=D)
+    assert module.out_proj.weight.shape == (C, H * D)
+    x = torch.randn(B, T, C)
+    mask = target_mask(tokens_with_padding(B, T, (5, 3)), PAD)
+    got, weights = module(x, mask=mask, need_weights=True)
+    (wq, bq), (wk, bk), (wv, bv) = module.projections()
+    assert wq.shape == wk.shape == wv.shape == (H * D, C)
+    q, k, v = (F.linear(x, w, b).view(B, T, H, D) for w, b in ((wq, bq), (wk, bk), (wv, bv)))
+    heads = []
+    for h in range(H):
+        scores = q[:, :, h] @ k[:, :, h].transpose(1, 2) / math.sqrt(D)  # (B, T, T)
+        scores = scores.masked_fill(~mask[:, 0], float("-inf"))
+        heads.append(scores.softmax(-1) @ v[:, :, h])  # (B, T, D)
+    expected = module.out_proj(torch.cat(heads, -1))  # (B, T, C)
+    assert (got - expected).abs().max() <= 1e-5 and weights.shape == (B, H, T, T)
+    cache, steps = {}, []
+    for t in range(T):  # incremental decoding keeps D-wide heads in its cache
+        steps.append(module(x[:, t:t + 1], mask=causal_mask(1, start=t), cache=cache, start=t)[0])
+    assert cache["k"].shape == (B, H, T, D)
+    assert (torch.cat(steps, 1) - module(x, mask=causal_mask(T))[0]).abs().max() <= 1e-5
+
+
+def test_d_head_of_d_model_over_n_heads_is_the_papers_model_and_a_bad_one_is_named():
+    """d_head = C / H builds the default model, parameter for parameter; 0 or a width that the default would
+    need to divide is refused or taken, naming the key."""
+    base = dict(d_model=32, n_heads=4, encoder_layers=1, decoder_layers=1, d_ff=64, dropout=0.0, norm_first=False,
+                tie_embeddings=True, fused_qkv=True, max_len=16)
+    torch.manual_seed(0)
+    default = build_model(ModelConfig(**base), "seq2seq", 20, 20, True)
+    torch.manual_seed(0)
+    explicit = build_model(ModelConfig(**base, d_head=8), "seq2seq", 20, 20, True)
+    assert all(torch.equal(a, b) for a, b in zip(default.state_dict().values(), explicit.state_dict().values()))
+    with pytest.raises(ValueError, match="d_head: must be > 0"):
+        ModelConfig(**base, d_head=0)
+    odd = ModelConfig(**{**base, "d_model": 30}, d_head=10)  # 30 / 4 heads is no width; 10 each is
+    src, tgt = tokens_with_padding(1, 3, (3,)), tokens_with_padding(1, 2, (2,))
+    logits = build_model(odd, "seq2seq", 20, 20, True)(src, tgt, padding_mask(src, PAD), target_mask(tgt, PAD))
+    assert odd.head_dim == 10 and logits.shape == (1, 2, 20)
+
+
 def test_rope_scores_depend_only_on_the_offset():
     rope = RotaryEmbedding(head_dim=8, max_len=64)
     q, k = torch.randn(1, 2, 10, 8), torch.randn(1, 2, 10, 8)

@@ -96,7 +96,8 @@ def test_cumsum_exported_to_ctranslate2_decodes_as_ours(built, models, tmp_path,
 
 @pytest.mark.parametrize("override, said", [
     ({"positional": "rope"}, "model.positional rope"), ({"n_kv_heads": 1, "n_heads": 2}, "model.n_kv_heads 1"),
-    ({"norm": "rmsnorm"}, "model.norm rmsnorm"), ({"activation": "swiglu"}, "model.activation swiglu")])
+    ({"norm": "rmsnorm"}, "model.norm rmsnorm"), ({"activation": "swiglu"}, "model.activation swiglu"),
+    ({"d_head": 4}, "model.d_head 4")])
 def test_what_ctranslate2_cannot_express_is_refused_by_name(override, said):
     from tests.conftest import model_config
 

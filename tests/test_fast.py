@@ -89,10 +89,11 @@ def test_the_fast_model_is_the_reference_model(task, precision):
 @pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("kv_heads", [0, 2, 1])
 @pytest.mark.parametrize("positional", ["sinusoidal", "rope", "alibi"])
-def test_fast_multi_head_attention_is_the_reference(fused, kv_heads, positional):
+@pytest.mark.parametrize("d_head", [None, 24])  # 24: heads narrower than d_model / n_heads (Table 3's rows B)
+def test_fast_multi_head_attention_is_the_reference(fused, kv_heads, positional, d_head):
     """Self attention (causal, padded), cross attention and cached decoding, at multi30k's width."""
     cfg = task_config("multi30k")
-    args = (cfg.d_model, cfg.n_heads, 0.0, fused, positional, cfg.max_len, True, 10000.0, kv_heads)
+    args = (cfg.d_model, cfg.n_heads, 0.0, fused, positional, cfg.max_len, True, 10000.0, kv_heads, d_head)
     reference, fast = MultiHeadAttention(*args), FastMultiHeadAttention(*args)
     fast.load_state_dict(reference.state_dict())
     x, memory = torch.randn(4, 11, cfg.d_model, requires_grad=True), torch.randn(4, 9, cfg.d_model)

@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 from tests.conftest import DVC, ROOT, TINY_PARAMS, code_not_in_deps, dvc_repo, sh, stages_run
+from tests.test_compare import check_a_study_runs_through_the_queue, check_the_comparison_page
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 
@@ -47,6 +48,11 @@ def test_dvc_repro_end_to_end(tmp_path):
         (repo / "reports/cumsum/metrics.json").read_text())
     assert "step" in baseline["reports/cumsum/train/metrics.json"]["data"]
     sh(DVC, "metrics", "diff", "HEAD~1", cwd=clone, env=env)  # the commit before had none: all new
+
+    # An experiment set against the baseline by python -m lib.use.compare (tests/test_compare.py reads the page)
+    sh(DVC, "exp", "run", "-n", "short", "-S", "cumsum.train.epochs=1", cwd=repo, env=env)
+    check_the_comparison_page(repo, env, tmp_path)
+    check_a_study_runs_through_the_queue(repo, env)
 
     # An experiment that redraws the report: its figures and loss chart beside the baseline's
     third = sh(DVC, "exp", "run", "-n", "fewer", "-S", "cumsum.evaluate.n_samples=5", cwd=repo, env=env)

@@ -34,7 +34,7 @@ MUTATIONS = [
     ("heads split without the transpose", "transformer/attention.py",
      "return x.view(B, T, -1, self.head_dim).transpose(1, 2)", "return x.view(B, -1, T, self.head_dim)", NUMERIC),
     ("heads merged without the transpose", "transformer/attention.py",
-     "out = out.transpose(1, 2).reshape(B, Tq, C)", "out = out.reshape(B, Tq, C)", NUMERIC),
+     "out = out.transpose(1, 2).reshape(B, Tq, self.q_width)", "out = out.reshape(B, Tq, self.q_width)", NUMERIC),
     ("cross attention's bias dropped", "transformer/fast/attention.py",
      "None if b is None else b[rows])", "None)", NUMERIC),
     ("cross attention's keys and values swapped", "transformer/fast/attention.py",

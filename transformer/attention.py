@@ -45,40 +45,42 @@ class MultiHeadAttention(nn.Module):
     Self attention takes queries, keys and values from x; cross attention its keys and values from the
     encoder's output. ``fused_qkv``: W^Q, W^K and W^V are the row blocks of one matrix. ``n_kv_heads``
     below H: grouped-query attention (Ainslie et al., 2023; one head: multi-query, Shazeer, 2019).
-    ``positional`` rope or alibi acts here, in self and cross attention alike.
+    ``positional`` rope or alibi acts here, in self and cross attention alike. ``d_head``: each head's width
+    D (None: d_model / n_heads, the paper's); the heads' concatenation, H * D wide, is projected back to d_model.
     """
 
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, fused_qkv: bool = True,
                  positional: str = "sinusoidal", max_len: int = 0, bias: bool = True, rope_base: float = 10000.0,
-                 n_kv_heads: int = 0):
+                 n_kv_heads: int = 0, d_head: int | None = None):
         super().__init__()
-        if d_model % n_heads:
+        if not d_head and d_model % n_heads:
             raise ValueError(f"d_model {d_model} is not divisible by n_heads {n_heads}")
         n_kv_heads = n_kv_heads or n_heads
         if n_heads % n_kv_heads:
             raise ValueError(f"n_heads {n_heads} is not divisible by n_kv_heads {n_kv_heads}")
-        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, d_model // n_heads
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, d_head or d_model // n_heads
+        self.q_width = n_heads * self.head_dim  # H * D: C, unless d_head sets D
         self.fused_qkv = fused_qkv
         self.rotary = RotaryEmbedding(self.head_dim, max_len, rope_base) if positional == "rope" else None
         if positional == "alibi":
             self.register_buffer("alibi_slopes", alibi_slopes(n_heads), persistent=False)
         else:
             self.alibi_slopes = None
-        self.kv_width = n_kv_heads * self.head_dim  # C, or less for grouped-query attention
-        if fused_qkv:  # rows: the queries' C, then the keys' and the values' kv_width each
-            self.qkv_proj = nn.Linear(d_model, d_model + 2 * self.kv_width, bias=bias)
+        self.kv_width = n_kv_heads * self.head_dim  # q_width, or less for grouped-query attention
+        if fused_qkv:  # rows: the queries' q_width, then the keys' and the values' kv_width each
+            self.qkv_proj = nn.Linear(d_model, self.q_width + 2 * self.kv_width, bias=bias)
         else:
-            self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+            self.q_proj = nn.Linear(d_model, self.q_width, bias=bias)
             self.k_proj = nn.Linear(d_model, self.kv_width, bias=bias)
             self.v_proj = nn.Linear(d_model, self.kv_width, bias=bias)
-        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.out_proj = nn.Linear(self.q_width, d_model, bias=bias)
         self.dropout = nn.Dropout(dropout)
 
     def projections(self) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
         """(W^Q, b^Q), (W^K, b^K), (W^V, b^V): three layers' weights, or the row blocks of the fused one."""
         if not self.fused_qkv:
             return [(p.weight, p.bias) for p in (self.q_proj, self.k_proj, self.v_proj)]
-        rows = [self.n_heads * self.head_dim, self.kv_width, self.kv_width]
+        rows = [self.q_width, self.kv_width, self.kv_width]
         b = self.qkv_proj.bias
         return list(zip(self.qkv_proj.weight.split(rows), (None,) * 3 if b is None else b.split(rows)))
 
@@ -130,7 +132,7 @@ class MultiHeadAttention(nn.Module):
         attention projects ``memory`` once. Returns the output (B, Tq, C) and, with ``need_weights``, the
         weights (B, H, Tq, Tk), else None: a caller that does not read them lets a fused kernel skip them.
         """
-        B, Tq, C = x.shape
+        B, Tq, _ = x.shape
         q_positions = torch.arange(start, start + Tq, device=x.device)
         if memory is not None and cache is not None and "k" in cache:  # cross attention, keys cached
             q, k, v = self.split_heads(self.query(x)), cache["k"], cache["v"]
@@ -148,5 +150,5 @@ class MultiHeadAttention(nn.Module):
         Tk = k.size(2)
         bias = None if self.alibi_slopes is None else alibi_bias(self.alibi_slopes, Tq, Tk, start).to(q.dtype)
         out, weights = self.attend(q, k, v, mask, bias, need_weights)  # (B, H, Tq, D), (B, H, Tq, Tk) or None
-        out = out.transpose(1, 2).reshape(B, Tq, C)  # (B, Tq, C): the heads concatenated
+        out = out.transpose(1, 2).reshape(B, Tq, self.q_width)  # (B, Tq, H * D): the heads concatenated
         return self.out_proj(out), weights if need_weights else None

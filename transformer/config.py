@@ -28,7 +28,7 @@ MOST_POSITIONS = 1 << 16  # max_len's bound: far past any task here, far below w
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     d_model: int  # width C of every residual stream
-    n_heads: int  # attention heads H; head width D = C / H
+    n_heads: int  # attention heads H; head width D = C / H unless d_head sets it
     encoder_layers: int  # encoder depth (seq2seq only)
     decoder_layers: int  # decoder depth (the LM's depth)
     d_ff: int  # inner width of the position-wise feed-forward
@@ -53,6 +53,9 @@ class ModelConfig:
     # Dropout on the attention weights (tensor2tensor's "attention dropout"; not in the paper, whose sec. 5.4
     # names residual and embedding dropout only); None (null): the same as dropout.
     attention_dropout: float | None = None
+    # Each head's width D, the paper's d_k = d_v: None (null) is C / H, the paper's; otherwise any width, the
+    # heads then concatenated to H * D and projected back to C (Table 3's rows B vary it with H and C fixed).
+    d_head: int | None = None
 
     def __post_init__(self):
         choose(self.positional, "positional", ("sinusoidal", "learned", "rope", "alibi"))
@@ -64,10 +67,11 @@ class ModelConfig:
                 "tables and masks are max_len long (a sinusoidal table alone is max_len x d_model numbers)")
         require(self.encoder_layers >= 0, "encoder_layers", "must be >= 0")
         require(self.decoder_layers > 0, "decoder_layers", "must be > 0")
+        require(self.d_head is None or self.d_head > 0, "d_head", "must be > 0, or null (d_model / n_heads)")
         require(
-            self.d_model % self.n_heads == 0,
+            self.d_head or self.d_model % self.n_heads == 0,
             "d_model",
-            f"{self.d_model} is not divisible by n_heads {self.n_heads}",
+            f"{self.d_model} is not divisible by n_heads {self.n_heads} (or set d_head, each head's width)",
         )
         require(self.n_kv_heads >= 0, "n_kv_heads", "must be >= 0 (0: as many as n_heads)")
         if self.n_kv_heads:
@@ -84,7 +88,7 @@ class ModelConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.d_model // self.n_heads
+        return self.d_head or self.d_model // self.n_heads
 
     @property
     def weights_dropout(self) -> float:

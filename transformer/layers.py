@@ -56,7 +56,7 @@ class RMSNorm(nn.Module):
 
 def attention(cfg: ModelConfig) -> MultiHeadAttention:
     return MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.weights_dropout, cfg.fused_qkv, cfg.positional,
-                              cfg.max_len, cfg.bias, cfg.rope_base, cfg.n_kv_heads)
+                              cfg.max_len, cfg.bias, cfg.rope_base, cfg.n_kv_heads, cfg.d_head)
 
 
 def feed_forward(cfg: ModelConfig) -> FeedForward:

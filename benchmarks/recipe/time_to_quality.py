@@ -1,7 +1,7 @@
-"""Multi30k's time to quality: the default recipe, Noam's rate alone ("today"), and warmup-stable-decay
-(train.cooldown) with variants, trained in turn on one machine through DVC's experiment queue; then a table of
-test BLEU against training minutes, each row's greedy BLEU tested against the first row's by sacreBLEU's paired
-bootstrap resampling (1,000 resamples of the 1,000 test sentences).
+"""Multi30k's time to quality: the recipe before train.cooldown, Noam's rate alone ("today"), and
+warmup-stable-decay (train.cooldown) with variants, trained in turn on one machine through DVC's experiment
+queue; then a table of test BLEU against training minutes, each row's greedy BLEU tested against the first
+row's by sacreBLEU's paired bootstrap resampling (1,000 resamples of the 1,000 test sentences).
 
     . .venv/bin/activate
     PYTHONPATH=. python benchmarks/recipe/time_to_quality.py queue --source ../shared/data/multi30k \\
@@ -30,7 +30,7 @@ from sacrebleu.significance import PairedTest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# Noam alone, stopped by patience or the budget: multi30k's default params.
+# Noam alone, stopped by patience or the budget: multi30k's default params before train.cooldown.
 TODAY = {"epochs": 40, "time_budget_minutes": 55, "patience": 6, "average_last": 5, "max_tokens": 2048,
          "lr_factor": 0.6, "warmup": 800, "cooldown": 0.0, "model.dropout": 0.2}
 # Warmup-stable-decay: the same warmup and peak, then the rate cooled to 0 over the last 40% of 7 epochs.
@@ -38,7 +38,8 @@ WSD = {**TODAY, "epochs": 7, "cooldown": 0.4, "patience": 0, "model.dropout": 0.
 # WSD fitted to a short run: a warmup of under a sixth of the run (800 steps was half of wsd's), a higher peak
 # (2.2e-3), a longer cooldown, half today's minutes. Post-LN did not learn at that peak (validation BLEU 3).
 FAST = {**WSD, "epochs": 8, "time_budget_minutes": 27.5, "warmup": 200, "lr_factor": 0.5, "cooldown": 0.5}
-# Today's recipe whose budget knows its end: the last 20% of the run (of the budget, where it comes first) cooled.
+# Today's recipe whose budget knows its end, multi30k's default now: the last 20% of the run (of the budget,
+# where that comes first) cooled.
 COOLED = {**TODAY, "cooldown": 0.2}
 ROWS = {
     "today": TODAY,

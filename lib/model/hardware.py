@@ -11,22 +11,23 @@ def training_flops(cfg, vocab_size: int, src_lengths: list[int], tgt_lengths: li
     """Matmul FLOPs of one training step (forward + backward = 3 x forward, 2 FLOPs a multiply-add).
 
     cfg: the ModelConfig. Counted on the real (unpadded) lengths, as MFU is:
-    per layer the projections (per token 2 C^2 for queries and output, 2 C K for
-    keys and values, where K = C, or less with grouped-query attention; 2 C d_ff
-    for the feed-forward, 3 C d_ff for swiglu's) and the attention products (2 C
-    per query-key pair), plus the output layer (C V per target token). No source
-    (``src_lengths`` empty): the decoder-only LM, whose blocks have no cross attention.
+    per layer the projections (per token 2 C Q for queries and output, where Q = H D
+    is C unless d_head sets D; 2 C K for keys and values, where K = Q, or less with
+    grouped-query attention; 2 C d_ff for the feed-forward, 3 C d_ff for swiglu's)
+    and the attention products (2 Q per query-key pair), plus the output layer (C V
+    per target token). No source (``src_lengths`` empty): the decoder-only LM, whose
+    blocks have no cross attention.
     """
-    C, F, K = cfg.d_model, cfg.d_ff, cfg.kv_heads * cfg.head_dim
+    C, F, Q, K = cfg.d_model, cfg.d_ff, cfg.n_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
     ffn = (3 if cfg.activation == "swiglu" else 2) * C * F
     # Summed over the batch: only these sums enter (a loop over sentences took ms a step).
     S, SS = sum(src_lengths), sum(s * s for s in src_lengths)
     T, TT = sum(tgt_lengths), sum(t * t for t in tgt_lengths)
-    encoder = S * (2 * C * C + 2 * C * K + ffn) + 2 * SS * C
-    decoder = T * (2 * C * C + 2 * C * K + ffn) + 2 * TT * C
+    encoder = S * (2 * C * Q + 2 * C * K + ffn) + 2 * SS * Q
+    decoder = T * (2 * C * Q + 2 * C * K + ffn) + 2 * TT * Q
     if src_lengths:  # cross attention: queries and output on the target, keys and values on the source
         TS = sum(t * s for t, s in zip(tgt_lengths, src_lengths))
-        decoder += T * 2 * C * C + S * 2 * C * K + 2 * TS * C
+        decoder += T * 2 * C * Q + S * 2 * C * K + 2 * TS * Q
     macs = cfg.encoder_layers * encoder + cfg.decoder_layers * decoder + T * C * vocab_size
     return 3 * 2 * macs
 

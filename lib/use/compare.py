@@ -100,9 +100,9 @@ def differing_params(base: Run, run: Run, task: str) -> list[tuple[str, object, 
             if old.get(key) != new.get(key)]
 
 
-def tests(task: str, base: Built, new: Built) -> tuple[dict[str, significance.Difference], str]:
-    """The paired tests of the metrics that the two runs' test outputs support, by metric key; and, where
-    there are none, why."""
+def tests(task: str, base: Built, new: Built, only: str | None = None) -> tuple[dict, str]:
+    """The paired tests (significance.Difference) of the metrics that the two runs' test outputs support
+    (``only``: of that one), by metric key; and, where there are none, why."""
     if base.samples is None or new.samples is None:
         return {}, "no test: a run's test outputs are not at hand (see the notes)"
     a, b = base.samples, new.samples
@@ -111,7 +111,7 @@ def tests(task: str, base: Built, new: Built) -> tuple[dict[str, significance.Di
     if len(a) != len(b) or a["reference"].tolist() != b["reference"].tolist():
         return {}, "no test: the runs' test sets differ (another data or tokenizer param)"
     references, found = a["reference"].tolist(), {}
-    keys = shown_metrics(task, base.metrics)
+    keys = [key for key in shown_metrics(task, base.metrics) if only in (None, key)]
     for key in keys:
         search, _, name = key.partition(".")
         if name in ("bleu", "chrf") and search in a and search in b:
@@ -236,7 +236,7 @@ def study_lines(study: Study, root: Path, figures: Path) -> list[str]:
     for row, b in found.items():
         values = {label: study.value(column, runs[row], b.metrics) for label, column in study.columns.items()}
         if key and row != base_row:
-            test = tests(study.task, base, b)[0].get(key)
+            test = tests(study.task, base, b, only=key)[0].get(key)
             values[f"{key} vs {base_row}"] = "" if test is None else f"{test.delta:+.4g} {interval(test)}"
             values["p"] = "" if test is None else p_value(test)
         table.append({"row": row, **values})

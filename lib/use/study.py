@@ -15,9 +15,9 @@ table by ``python -m lib.use.compare --study``.
     rows:                              # each row's own; the first row is the base the others are tested against
       base: {}
       heads-1: {cumsum.train.model.n_heads: 1}
-    columns:                           # the table's: label -> key, or {key, per, scale, digits}
+    columns:                           # the table's: label -> key, or {key, per, prefer, scale, digits}
       h: params.train.model.n_heads    # params.<the task's key>, or metrics.<key> (python -m lib.use.compare's)
-      d_k: {key: params.train.model.d_model, per: params.train.model.n_heads}
+      d_k: {key: params.train.model.d_model, per: params.train.model.n_heads, prefer: params.train.model.d_head}
       exact match: metrics.greedy.exact_match
     test: greedy.exact_match           # tested against the base row (default: the task's first headline metric)
 
@@ -43,13 +43,14 @@ from lib.tasks.params import check_stages_after, check_tasks
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # a study's and a row's name: part of a git ref's
 KEYS = ("description", "task", "set", "rows", "columns", "test")
-COLUMN_KEYS = ("key", "per", "scale", "digits")
+COLUMN_KEYS = ("key", "per", "prefer", "scale", "digits")
 
 
 @dataclass(frozen=True)
 class Column:
     key: str  # params.<the task's dotted key> or metrics.<key>
     per: str | None = None  # divided by this key's value (d_k: d_model per head)
+    prefer: str | None = None  # this key's value instead, where the run sets it (d_k: d_head)
     scale: float = 1.0
     digits: int | None = None
 
@@ -80,12 +81,14 @@ class Study:
         if column.per is not None and isinstance(value, (int, float)):
             divisor = lookup(column.per)
             value = value / divisor if isinstance(divisor, (int, float)) and divisor else None
+        if column.prefer is not None and lookup(column.prefer) is not None:
+            value = lookup(column.prefer)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             value = value * column.scale
             if column.digits is not None:
                 return f"{value:.{column.digits}f}"
             if isinstance(value, float) and value.is_integer() and column.per is not None:
-                return str(int(value))
+                return str(int(value))  # a quotient that divides: d_k 32, not 32.0000
         return "-" if value is None else shown_value(value)
 
 
@@ -99,10 +102,10 @@ def parse_column(path: Path, label: str, raw) -> Column:
         fail(path, f"columns.{label}: a key (params.<key> or metrics.<key>) or a mapping with one")
     if unknown := sorted(set(raw) - set(COLUMN_KEYS)):
         fail(path, f"columns.{label}: unknown {', '.join(unknown)} (allowed: {', '.join(COLUMN_KEYS)})")
-    for name in ("key", "per"):
+    for name in ("key", "per", "prefer"):
         if name in raw and not str(raw[name]).startswith(("params.", "metrics.")):
             fail(path, f"columns.{label}.{name}: {raw[name]!r}: starts params. (the task's params) or metrics.")
-    return Column(raw["key"], raw.get("per"), float(raw.get("scale", 1.0)), raw.get("digits"))
+    return Column(raw["key"], raw.get("per"), raw.get("prefer"), float(raw.get("scale", 1.0)), raw.get("digits"))
 
 
 def load_study(path: Path) -> Study:

@@ -36,6 +36,9 @@ def unsupported(family: str, cfg, alpha: float) -> list[str]:
     if cfg.n_kv_heads and cfg.n_kv_heads != cfg.n_heads:
         reasons.append(f"model.n_kv_heads {cfg.n_kv_heads}: grouped-query attention is not in CTranslate2's "
                        "seq2seq Transformer")
+    if cfg.d_head and cfg.d_head * cfg.n_heads != cfg.d_model:
+        reasons.append(f"model.d_head {cfg.d_head}: CTranslate2's Transformer takes heads of width d_model / n_heads "
+                       f"({cfg.d_model} / {cfg.n_heads})")
     if cfg.norm != "layernorm":
         reasons.append(f"model.norm {cfg.norm}: not in CTranslate2's seq2seq Transformer as this export builds it")
     if cfg.activation == "swiglu":

@@ -84,9 +84,9 @@ class FastMultiHeadAttention(MultiHeadAttention):
             qkv = self.qkv_proj(x).view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, H, T, D)
             return qkv.contiguous().unbind(0)
         if memory is None:
-            q, k, v = self.qkv_proj(x).split([x.size(-1), self.kv_width, self.kv_width], dim=-1)
+            q, k, v = self.qkv_proj(x).split([self.q_width, self.kv_width, self.kv_width], dim=-1)
             return self.split_heads(q), self.split_heads(k), self.split_heads(v)
-        q, (k, v) = self.query(x), self._fused_rows(memory, slice(x.size(-1), None)).chunk(2, dim=-1)
+        q, (k, v) = self.query(x), self._fused_rows(memory, slice(self.q_width, None)).chunk(2, dim=-1)
         q, k, v = self.split_heads(q), self.split_heads(k), self.split_heads(v)
         if eager_on_cpu(k):
             # By head once, the copy the grouped products make anyway: a search's cache is then read as it is.
