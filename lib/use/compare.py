@@ -225,12 +225,20 @@ def compare_lines(runs: list[Run], figures: Path) -> list[str]:
 
 
 def study_lines(study: Study, root: Path, figures: Path) -> list[str]:
-    """The study as a table: one row a run, the study's columns, and each row's test against the first row."""
-    runs = {row: Run.named(study.experiment(row), root) for row in study.rows}
-    found = {row: built(run, study.task) for row, run in runs.items()}
-    if missing := [study.experiment(row) for row, b in found.items() if b is None]:
-        raise RunError(f"{study.name}: no results of {', '.join(missing)} yet (`dvc queue status`)")
+    """The study as a table: one row a run, the study's columns, and each row's test against the first row.
+    Rows not run yet are named below it; the first row must have run."""
+    runs, found = {}, {}
+    for row in study.rows:
+        try:
+            runs[row] = Run.named(study.experiment(row), root)
+        except RunError:  # no such experiment yet
+            continue
+        if (outputs := built(runs[row], study.task)) is not None:
+            found[row] = outputs
     base_row = next(iter(study.rows))
+    if base_row not in found:
+        raise RunError(f"{study.name}: its first row, {study.experiment(base_row)}, has no results yet (`dvc queue "
+                       "status`), and every row is tested against it")
     base, key = found[base_row], study.test
     table = []
     for row, b in found.items():
@@ -246,6 +254,9 @@ def study_lines(study: Study, root: Path, figures: Path) -> list[str]:
     if key:
         lines += [f"Each row's `{key}` against row `{base_row}`: the difference with its 95% interval and p, by paired "
                   "bootstrap resampling over the test sentences; **(real)**: p < 0.05.", ""]
+    if missing := [row for row in study.rows if row not in found]:
+        lines += [f"Not run yet: {', '.join(missing)} (`dvc queue status`; `python -m lib.use.study <file> --rows "
+                  f"{','.join(missing)}` queues them).", ""]
     by_name = {runs[row].name: b for row, b in found.items()}
     return lines + ["## Curves", "", *curve_lines(study.task, by_name, figures), *notes_lines(by_name)]
 
