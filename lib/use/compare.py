@@ -31,7 +31,7 @@ from lib.core.files import atomic_dir
 from lib.report.pages import headline, literal, literal_frame, markdown_html, page, shown_value
 from lib.tasks import get_task
 from lib.use import significance
-from lib.use.compare_figures import plot_losses, plot_scores
+from lib.use.compare_figures import curve_lines
 from lib.use.runs import WORKSPACE, Run, RunError
 from lib.use.study import Study, load_study
 
@@ -173,23 +173,6 @@ def differing_sentences(base: Built, new: Built, n: int = N_DIFFERING) -> list[s
                           f"{new.run.name}'s score": b.loc[moved, "score"].round(2)})
     return [f"{changed.sum()} of {len(a)} test outputs differ (greedy); the {len(moved)} whose sentence score moved "
             "most:", "", markdown_table(frame), ""]
-
-
-def curve_lines(task: str, runs: dict[str, Built], figures: Path) -> list[str]:
-    """The runs' curves overlaid, drawn into ``figures``."""
-    lines = []
-    losses = {name: b.losses for name, b in runs.items() if b.losses is not None}
-    if losses:
-        plot_losses(losses, figures / f"{task}-loss.png")
-        lines += [f"![{task}: loss by step](figures/{task}-loss.png)", ""]
-    name = get_task(task).valid_metric or "loss"
-    scores = {run: b.scores for run, b in runs.items() if b.scores is not None and name in b.scores and len(b.scores)}
-    for x in ("epoch", "minutes"):
-        drawn = {run: frame for run, frame in scores.items() if x in frame and frame[x].notna().any()}
-        if drawn:
-            plot_scores(drawn, name, x, figures / f"{task}-{name}-by-{x}.png")
-            lines += [f"![{task}: validation {name} by {x}](figures/{task}-{name}-by-{x}.png)", ""]
-    return lines
 
 
 def notes_lines(runs: dict[str, Built]) -> list[str]:

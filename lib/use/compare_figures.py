@@ -8,6 +8,8 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402 - after matplotlib.use: the backend is set before pyplot loads
 import pandas as pd  # noqa: E402 - after matplotlib.use: the backend is set before pyplot loads
 
+from lib.tasks import get_task  # noqa: E402 - after matplotlib.use: the backend is set before pyplot loads
+
 
 def save(fig, out: Path):
     fig.tight_layout()
@@ -45,3 +47,21 @@ def plot_scores(scores: dict[str, pd.DataFrame], name: str, x: str, out: Path):
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     save(fig, out)
+
+
+def curve_lines(task: str, runs: dict, figures: Path) -> list[str]:
+    """The page's lines that show the runs' curves overlaid (``runs``: lib.use.compare.Built by run name),
+    drawn into ``figures``: loss by step, the validation score by epoch and by training minutes."""
+    lines = []
+    losses = {name: b.losses for name, b in runs.items() if b.losses is not None}
+    if losses:
+        plot_losses(losses, figures / f"{task}-loss.png")
+        lines += [f"![{task}: loss by step](figures/{task}-loss.png)", ""]
+    name = get_task(task).valid_metric or "loss"
+    scores = {run: b.scores for run, b in runs.items() if b.scores is not None and name in b.scores and len(b.scores)}
+    for x in ("epoch", "minutes"):
+        drawn = {run: frame for run, frame in scores.items() if x in frame and frame[x].notna().any()}
+        if drawn:
+            plot_scores(drawn, name, x, figures / f"{task}-{name}-by-{x}.png")
+            lines += [f"![{task}: validation {name} by {x}](figures/{task}-{name}-by-{x}.png)", ""]
+    return lines
