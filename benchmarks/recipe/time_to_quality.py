@@ -16,17 +16,16 @@ when the run's validation BLEU first reached the first row's final one (X); "-":
 
 import argparse
 import io
-import json
 import subprocess
 import sys
 from pathlib import Path
 
-import dvc.api
-from dvc.exceptions import PathMissingError
 import pandas as pd
 import torch
 from sacrebleu.metrics import BLEU
 from sacrebleu.significance import PairedTest
+
+from lib.use.runs import Run, RunError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -71,49 +70,35 @@ def queue(args):
         subprocess.run(command, cwd=ROOT, check=True)
 
 
-def experiments() -> dict[str, str]:
-    """Each experiment's name and commit, from its git ref (refs/exps/.../<name>)."""
-    refs = subprocess.run(["git", "for-each-ref", "--format=%(refname) %(objectname)", "refs/exps"], cwd=ROOT,
-                          capture_output=True, text=True, check=True).stdout.split("\n")
-    return {ref.rsplit("/", 1)[1]: sha for ref, sha in (line.split() for line in refs if line)}
+def run_of(row: str, given: dict[str, str]) -> Run:
+    """The row's run: a directory laid out as the pipeline's (``--run ROW=DIR``, a run made by hand), or the
+    experiment named after the row."""
+    if row in given:
+        return Run(row, Path(given[row]).resolve(), None)  # read as a workspace is
+    return Run.named(row, ROOT)
 
 
-def reader(run: str):
-    """A function from a pipeline path to the run's file's bytes: ``run`` an experiment's commit, or a directory
-    laid out as the pipeline's (a run made by hand)."""
-    if Path(run).is_dir():
-        return lambda path: (Path(run) / path).read_bytes()
-
-    def read(path: str) -> bytes:
-        try:
-            return dvc.api.read(path, repo=str(ROOT), rev=run, mode="rb")
-        except PathMissingError as error:
-            raise FileNotFoundError(path) from error
-    return read
-
-
-def curve(read, name: str) -> pd.Series:
+def curve(run: Run, name: str) -> pd.Series:
     """A dvclive curve of the run as step -> value; empty when the run did not log it."""
     try:
-        text = read(f"reports/multi30k/train/plots/metrics/{name}.tsv")
-    except FileNotFoundError:
+        text = run.read(f"reports/multi30k/train/plots/metrics/{name}.tsv")
+    except RunError:
         return pd.Series(dtype=float)
     frame = pd.read_csv(io.BytesIO(text), sep="\t")
     return frame.set_index("step")[frame.columns[-1]]
 
 
-def run_row(run: str) -> dict:
+def run_row(run: Run) -> dict:
     """What the table shows of one run: its test outputs and metrics, and its validation BLEU by minutes."""
-    read = reader(run)
-    metrics = json.loads(read("reports/multi30k/metrics.json"))
-    samples = pd.read_json(io.BytesIO(read("reports/multi30k/samples.jsonl")), lines=True)
+    metrics = run.json("reports/multi30k/metrics.json")
+    samples = run.samples("multi30k")
     try:
-        stop = json.loads(read("reports/multi30k/train/stopped.json"))
-    except FileNotFoundError:  # a run from before stopped.json
+        stop = run.json("reports/multi30k/train/stopped.json")
+    except RunError:  # a run from before stopped.json
         stop = {}
-    bleu, minutes, epochs = curve(read, "valid/bleu"), curve(read, "minutes"), curve(read, "epoch")
+    bleu, minutes, epochs = curve(run, "valid/bleu"), curve(run, "minutes"), curve(run, "epoch")
     if not len(minutes):  # a run from before the minutes curve: its total, at its last validation, from last.pt
-        last = read("models/multi30k/checkpoints/last.pt")
+        last = run.read("models/multi30k/checkpoints/last.pt")
         elapsed = torch.load(io.BytesIO(last), weights_only=True, map_location="cpu")["elapsed_s"]
         minutes = pd.Series({bleu.index[-1]: elapsed / 60})
     by_minutes = pd.DataFrame({"bleu": bleu, "minutes": minutes})
@@ -135,11 +120,11 @@ def minutes_to(valid: pd.DataFrame, target: float) -> str:
 
 
 def table(args):
-    found = {**experiments(), **dict(item.split("=", 1) for item in args.run)}
-    missing = [row for row in args.rows if row not in found]
-    if missing:
-        sys.exit(f"no experiment named {', '.join(missing)}: queue it (`queue --rows ...`), then `dvc queue start`")
-    runs = {row: run_row(found[row]) for row in args.rows}
+    given = dict(item.split("=", 1) for item in args.run)
+    try:
+        runs = {row: run_row(run_of(row, given)) for row in args.rows}
+    except RunError as error:
+        sys.exit(f"{error}: queue the row (`queue --rows ...`), then `dvc queue start`")
     first, base = args.rows[0], runs[args.rows[0]]
     target = base["final_valid"]
     systems = [(row, run["greedy"]) for row, run in runs.items()]

@@ -184,11 +184,11 @@ def task_lines(task: str, runs: list[Run], figures: Path) -> list[str]:
     found = {run.name: built(run, task) for run in runs}
     lines = [f"## {task}", ""]
     if missing := [name for name, b in found.items() if b is None]:
-        return lines + [f"Not built in {', '.join(f'`{name}`' for name in missing)}: no metrics of {task}.", ""]
+        return lines + [f"Not built in {', '.join(map(literal, missing))}: no metrics of {task}.", ""]
     base = found[runs[0].name]
     for run in runs[1:]:
         new = found[run.name]
-        lines += [f"### `{literal(run.name)}` against `{literal(base.run.name)}`", "", "Params that differ:", ""]
+        lines += [f"### {literal(run.name)} against {literal(base.run.name)}", "", "Params that differ:", ""]
         changed = differing_params(base.run, run, task)
         lines += [f"- `{key}`: {setting(old)} -> {setting(value)}" for key, old, value in changed] or ["- none"]
         lines += ["", *metrics_table(task, base, new), *differing_sentences(base, new)]
@@ -198,7 +198,7 @@ def task_lines(task: str, runs: list[Run], figures: Path) -> list[str]:
 
 def compare_lines(runs: list[Run], figures: Path) -> list[str]:
     tasks = [task for task in runs[0].tasks if all(task in run.tasks for run in runs[1:])]
-    names = ", ".join(f"`{literal(run.name)}`" + (f" ({run.rev[:8]})" if run.rev else "") for run in runs)
+    names = ", ".join(literal(run.name) + (f" ({run.rev[:8]})" if run.rev else "") for run in runs)
     lines = ["# Comparison", "", f"Runs: {names}. The first is the base.", ""]
     if not tasks:
         return lines + ["The runs have no task in common (params.yaml: tasks).", ""]

@@ -31,8 +31,7 @@ class NotInCache(RunError):
 
 def experiment_refs(root: Path) -> dict[str, list[tuple[str, str]]]:
     """Each experiment name with its (baseline commit, experiment commit) pairs, from git's refs/exps."""
-    lines = subprocess.run(["git", "for-each-ref", "--format=%(refname) %(objectname)", "refs/exps"], cwd=root,
-                           capture_output=True, text=True, check=True).stdout.splitlines()
+    lines = git(root, "for-each-ref", "--format=%(refname) %(objectname)", "refs/exps").splitlines()
     found: dict[str, list[tuple[str, str]]] = {}
     for line in lines:
         ref, sha = line.split()

@@ -28,6 +28,7 @@ failed runs.
 
 import argparse
 import copy
+import dataclasses
 import json
 import re
 import subprocess
@@ -199,7 +200,7 @@ def main(argv=None):
             key, equals, value = given.partition("=")
             if not equals:
                 raise ConfigError(f"--set {given}: expected KEY=VALUE")
-            study.set[key] = parse_yaml(value, f"--set {given}")
+            study = dataclasses.replace(study, set={**study.set, key: parse_yaml(value, f"--set {given}")})
         check_rows(study, load_params(args.params))
         rows = args.rows or list(study.rows)
         if unknown := [row for row in rows if row not in study.rows]:
