@@ -3,13 +3,23 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: repro test test-quick clean-venv
+.PHONY: repro test test-quick lock clean-venv
 
-# (Re)install whenever requirements.txt changes.
-$(STAMP): requirements.txt
+PIP := $(BIN)/pip install --quiet --quiet --disable-pip-version-check  # -qq: errors only
+
+# (Re)install whenever the lock changes: torch first, at requirements.txt's version (its build is whichever the
+# README's line or pip's settings give), then every other package at the version requirements.lock pins.
+$(STAMP): requirements.lock
 	python3 -m venv $(VENV)
-	$(BIN)/pip install --quiet --quiet --disable-pip-version-check -r requirements.txt  # -qq: errors only
+	$(PIP) "$$(grep -E '^torch==' requirements.txt)"
+	$(PIP) -r requirements.lock
 	touch $(STAMP)
+
+# requirements.lock from requirements.txt, after an edit there: every package pinned but torch (its build is the
+# user's), each with the reason it is there
+lock: $(STAMP)
+	$(BIN)/pip-compile --quiet --strip-extras --no-emit-index-url --no-emit-find-links --unsafe-package torch \
+		--output-file requirements.lock requirements.txt
 
 repro: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro

@@ -43,7 +43,7 @@ def test_an_exported_model_translates_as_model_pt_does_without_a_pickle(built, m
     assert config["special_ids"] == {"pad": 0, "bos": 1, "eos": 2, "unk": 3} and config["kind"] == "seq2seq"
     card = (out / "README.md").read_text()
     metrics = json.loads(built["metrics"].read_text())
-    assert card.startswith("---\nlicense: mit\npipeline_tag: translation\n")
+    assert card.startswith("---\nlicense: mit\nlibrary_name: pytorch\npipeline_tag: translation\n")
     assert f"| greedy.exact_match | {metrics['greedy']['exact_match']:.4f} |" in card and "## Intended use" in card
     sources = read_split(built["data"], "test")["src"].tolist()[:40]
     expected = inference.load(models).translate(sources, beam_size=2)

@@ -63,7 +63,7 @@ def lm_built(tmp_path_factory):
                         min_lr=3e-4, warmup=10, weight_decay=0.1, beta2=0.99, clip_norm=1.0, eval_every=20,
                         eval_batches=2, checkpoint_every=20,
                         model=model_config(encoder_layers=0, decoder_layers=2, norm_first=True, tie_embeddings=True,
-                                           max_len=16))
+                                           max_len=16, bias=False))
     p["summary"] = training.run("shakespeare", cfg, p["data"], p["tok"], p["model"], p["ckpt"], p["live"])
     eval_cfg = LMEvaluateConfig(prompts=("ROMEO:\n", "JU"), max_new_tokens=30, temperature=0.8, top_k=5, seed=0)
     p["metrics_dict"] = evaluate_families.run("shakespeare", eval_cfg, EvaluatePaths(

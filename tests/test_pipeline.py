@@ -63,6 +63,9 @@ def test_dvc_repro_end_to_end(tmp_path):
     assert not plots.get("errors")
     losses = plots["data"]["reports/cumsum/losses.csv"][0]["content"]
     assert {row["split"] for row in losses["data"]["values"]} == {"train", "valid"}  # one chart, both
+    # dvclive's curves are the train stage's plots: drawn from the files it writes as it trains
+    assert {"reports/cumsum/train/plots/metrics/train/loss.tsv",
+            "reports/cumsum/train/plots/metrics/valid/loss.tsv"} <= set(plots["data"])
     diff = json.loads(sh(DVC, "plots", "diff", "HEAD", "fewer", "--json", cwd=repo, env=env))["data"]
     assert [image["revisions"] for image in diff["reports/cumsum/figures/loss.png"]] == [["HEAD"], ["fewer"]]
     assert sorted(losses_rev["rev"] for losses_rev in diff["reports/cumsum/losses.csv"][0]["content"]["data"]["values"]
