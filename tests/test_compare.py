@@ -38,21 +38,21 @@ def table_rows(text: str) -> dict[str, list[str]]:
             for cells in [[cell.strip() for cell in line.strip("|").split("|")]]}
 
 
-def check_the_comparison_page(repo, env, tmp_path):
-    """Run by tests/test_pipeline.py's `dvc repro` end to end, on its committed baseline (epochs 2) and its
-    experiment ``short`` (`dvc exp run -S cumsum.train.epochs=1`): the page lists that param and no other, the
+def check_the_comparison_page(repo, env, tmp_path, name: str, change: str):
+    """Run by tests/test_pipeline.py's `dvc repro` end to end, once the README's `python -m lib.use.compare HEAD
+    <name>` has written the page for its committed baseline (epochs 2) and the README's experiment ``name``,
+    whose one ``change`` (`cumsum.train.epochs`: 2 -> 1) the page lists and no other param. It has the
     exact-match difference with a p-value and an interval, the curves overlaid; a browser shows it whole; and
     a clone without the DVC cache still shows the params and metrics, naming the command for the rest."""
-    compare.main(["HEAD", "short", "--repo", str(repo), "--out", str(repo / "reports/compare")])  # in-process
     text = (repo / "reports/compare/index.md").read_text()
     changed = text.split("Params that differ:")[1].split("|")[0]
-    assert [line for line in changed.splitlines() if line.startswith("- ")] == ["- `cumsum.train.epochs`: 2 -> 1"]
+    assert [line for line in changed.splitlines() if line.startswith("- ")] == [f"- {change}"]
     metrics = table_rows(text)
     exact = metrics["greedy.exact\\_match"]
     head = json.loads(sh("git", "show", "HEAD:reports/cumsum/metrics.json", cwd=repo, env=env))
-    short = json.loads((repo / "reports/cumsum/metrics.json").read_text())  # the experiment ran in the workspace
+    ran = json.loads((repo / "reports/cumsum/metrics.json").read_text())  # the experiment ran in the workspace
     assert float(exact[1]) == pytest.approx(head["greedy"]["exact_match"], abs=1e-4)
-    assert float(exact[2]) == pytest.approx(short["greedy"]["exact_match"], abs=1e-4)
+    assert float(exact[2]) == pytest.approx(ran["greedy"]["exact_match"], abs=1e-4)
     assert 0 < float(exact[5].split()[0]) <= 1 and exact[4].startswith("\\[")  # a p-value and an interval
     assert 0 < float(metrics["loss"][5].split()[0]) <= 1  # the test loss, tested over sentences too
     for figure in ("cumsum-loss.png", "cumsum-exact_match-by-epoch.png", "cumsum-exact_match-by-minutes.png"):
@@ -66,9 +66,9 @@ def check_the_comparison_page(repo, env, tmp_path):
     clone = tmp_path / "clone-compare"
     sh("git", "clone", "-q", str(repo), str(clone), cwd=tmp_path, env=env)
     sh("git", "fetch", "-q", "origin", "refs/exps/*:refs/exps/*", cwd=clone, env=env)
-    compare.main(["HEAD", "short", "--repo", str(clone), "--out", str(clone / "reports/compare")])
+    compare.main(["HEAD", name, "--repo", str(clone), "--out", str(clone / "reports/compare")])
     text = (clone / "reports/compare/index.md").read_text()
-    assert "- `cumsum.train.epochs`: 2 -> 1" in text and "| greedy.exact\\_match" in text  # from git, all the same
+    assert f"- {change}" in text and "| greedy.exact\\_match" in text  # from git, all the same
     assert "samples.jsonl is not in the local cache" in text and "dvc exp pull" in text  # and how to get the rest
 
 
@@ -91,10 +91,10 @@ def check_in_a_browser(page_dir):
 
 
 def check_a_study_runs_through_the_queue(repo, env):
-    """Run by tests/test_pipeline.py's `dvc repro` end to end, after its experiment ``short`` (epochs 1): a
-    study of three cumsum rows at one epoch, queued by python -m lib.use.study and run by DVC's queue; its
-    table has the study's columns, each row's params, and each row's test against the first. (Row h2 is
-    ``short`` again: DVC's run cache gives its outputs without training.)"""
+    """Run by tests/test_pipeline.py's `dvc repro` end to end, after the README's experiment (epochs 1): a study
+    of three cumsum rows at one epoch, queued by python -m lib.use.study and run by DVC's queue; its table has
+    the study's columns, each row's params, and each row's test against the first. (Row h2 is the README's
+    experiment again: DVC's run cache gives its outputs without training.)"""
     declared = {"description": "heads at one epoch", "task": "cumsum", "set": {"cumsum.train.epochs": 1},
                 "rows": {"h2": {}, "h1": {"cumsum.train.model.n_heads": 1}, "h4": {"cumsum.train.model.n_heads": 4}},
                 "columns": {"h": "params.train.model.n_heads",

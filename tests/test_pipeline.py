@@ -1,7 +1,11 @@
-"""One real `dvc repro` of the whole pipeline on tiny params, in a temporary git repo."""
+"""One real `dvc repro` of the whole pipeline on tiny params, in a temporary git repo, started and explored with
+the README's own commands."""
 
+import functools
 import json
+import re
 import shutil
+import subprocess
 
 import pytest
 import yaml
@@ -12,10 +16,44 @@ from tests.test_compare import check_a_study_runs_through_the_queue, check_the_c
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 
 
+def readme_command(start: str) -> str:
+    """The README's command that begins with ``start``, as written (its comment dropped): the lines of its plain
+    ``` blocks are what a user pastes into a shell."""
+    lines, fence = [], None  # the info string of the block we are in (None: outside one)
+    for line in (ROOT / "README.md").read_text(encoding="utf-8").splitlines():
+        if line.startswith("```"):
+            fence = line[3:] if fence is None else None
+        elif fence == "":
+            lines.append(line.split("#")[0].strip())
+    return next(line for line in lines if line.startswith(start))
+
+
+def new_users_shell(repo, env, tmp_path) -> dict:
+    """The environment of a fresh shell: no venv on PATH, and a `python` without torch first on it. The repo's
+    .venv is the project's, which `make` keeps (its stamp is newer than the lock, copied with its time)."""
+    stamp, lock = ROOT / ".venv" / ".installed", ROOT / "requirements.lock"
+    assert stamp.stat().st_mtime >= lock.stat().st_mtime, "the venv predates requirements.lock: run make first"
+    (repo / ".venv").symlink_to(ROOT / ".venv")
+    for name in ("Makefile", "requirements.txt", "requirements.lock"):
+        shutil.copy2(ROOT / name, repo / name)
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "python").symlink_to(shutil.which("python3", path="/usr/bin:/bin"))
+    shell = {**env, "PATH": f"{bare}:/usr/bin:/bin"}
+    assert subprocess.run(["python", "-c", "import torch"], env=shell, capture_output=True).returncode != 0
+    return shell
+
+
+def in_the_venv(command: str, repo, shell: dict) -> str:
+    """``command`` after the README's activation line, in one bash."""
+    return sh("bash", "-c", f"{readme_command('source .venv/bin/activate')} && {command}", cwd=repo, env=shell)
+
+
 @pytest.mark.slow
 def test_dvc_repro_end_to_end(tmp_path):
     repo, env, loaded = dvc_repo(tmp_path, TINY_PARAMS)
-    first = sh(DVC, "repro", cwd=repo, env=env)
+    shell = new_users_shell(repo, env, tmp_path)
+    first = sh("bash", "-c", readme_command("make repro"), cwd=repo, env=shell)
     assert stages_run(first) == {"index"} | {f"{s}@cumsum" for s in ("fetch", "prepare", "tokenize", "train",
                                                                         "evaluate", "report")}
     for path in ("sources/cumsum/manifest.json", "data/cumsum/train.parquet", "models/cumsum/tokenizer/tokenizer.json",
@@ -49,9 +87,16 @@ def test_dvc_repro_end_to_end(tmp_path):
     assert "step" in baseline["reports/cumsum/train/metrics.json"]["data"]
     sh(DVC, "metrics", "diff", "HEAD~1", cwd=clone, env=env)  # the commit before had none: all new
 
-    # An experiment set against the baseline by python -m lib.use.compare (tests/test_compare.py reads the page)
-    sh(DVC, "exp", "run", "-n", "short", "-S", "cumsum.train.epochs=1", cwd=repo, env=env)
-    check_the_comparison_page(repo, env, tmp_path)
+    # The README's model in use, and its experiment set against the baseline by python -m lib.use.compare, each
+    # as written (tests/test_compare.py reads the page)
+    assert re.fullmatch(r"[\d ]+\n", in_the_venv(readme_command("python -m lib.use.generate"), repo, shell))
+    experiment = readme_command("dvc exp run -n")
+    name, change = re.fullmatch(r"dvc exp run -n (\S+) -S (\S+)", experiment).groups()
+    in_the_venv(experiment, repo, shell)
+    in_the_venv(readme_command(f"python -m lib.use.compare HEAD {name}"), repo, shell)
+    key, value = change.split("=")
+    baseline = functools.reduce(lambda section, part: section[part], key.split("."), TINY_PARAMS)
+    check_the_comparison_page(repo, env, tmp_path, name, f"`{key}`: {baseline} -> {value}")
     check_a_study_runs_through_the_queue(repo, env)
 
     # An experiment that redraws the report: its figures and loss chart beside the baseline's

@@ -1450,8 +1450,8 @@ def test_the_readmes_python_example_runs(built, capsys):
 def test_the_readmes_generate_command_runs(built):
     """README, "Try a trained model": its `lib.use.generate` line, run as the shell runs it, on the tiny model."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    line = next(line for line in readme.splitlines() if line.startswith(".venv/bin/python -m lib.use.generate"))
-    command = line.split("#")[0].replace(".venv/bin/python", sys.executable)
+    line = next(line for line in readme.splitlines() if line.startswith("python -m lib.use.generate"))
+    command = line.split("#")[0].replace("python", sys.executable, 1)  # the venv's, as activated
     command += f" --models {built['model'].parent}"
     done = subprocess.run(["bash", "-c", command], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

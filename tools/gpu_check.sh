@@ -29,7 +29,8 @@ PYTHON=${PYTHON:-python3}
 WORK=${WORK:-/tmp/gpu_check}
 
 # The requirements this check imports and the running python lacks (torch is the machine's own;
-# datasets is only for downloading from the hub, import-linter only for the layers test).
+# datasets is only for downloading from the hub, import-linter only for the layers test, pip-tools only for
+# `make lock`, transformers only for the transformers export).
 missing_requirements() {
   "$PYTHON" - <<'PY'
 import importlib.util, re
@@ -42,7 +43,8 @@ def found(name):  # a dotted name (ruamel.yaml) whose parent package is missing 
 for line in open("requirements.txt"):
     req = line.split("#")[0].strip()
     name = re.split(r"[<>=!~ \[]", req)[0].lower()
-    if req and name not in ("torch", "datasets", "import-linter") and not found(module.get(name, name)):
+    if req and name not in ("torch", "datasets", "import-linter", "pip-tools", "transformers") \
+            and not found(module.get(name, name)):
         print(req)
 PY
 }
