@@ -127,8 +127,8 @@ TINY_PARAMS = {
                     "n_test": 60, "vocab_length": 8, "n_per_length": 5},
         "tokenize": {"kind": "word", "min_frequency": 1},
         "train": {
-            "seed": 0, "device": "cpu", "epochs": 2, "max_tokens": 256, "lr_factor": 1.0, "warmup": 10,
-            "label_smoothing": 0.1, "clip_norm": 1.0, "checkpoint_every": 5,
+            "seed": 0, "init_from": None, "device": "cpu", "epochs": 2, "max_tokens": 256, "lr_factor": 1.0,
+            "warmup": 10, "label_smoothing": 0.1, "clip_norm": 1.0, "checkpoint_every": 5,
             "model": {"d_model": 16, "n_heads": 2, "encoder_layers": 1, "decoder_layers": 1, "d_ff": 32,
                       "dropout": 0.1, "norm_first": False, "tie_embeddings": True, "fused_qkv": True,
                       "max_len": 32},
@@ -243,7 +243,7 @@ def dvc_repo(tmp_path: Path, params: dict) -> tuple[Path, dict, Path]:
     loaded (``code_not_in_deps``)."""
     repo = tmp_path / "repo"
     repo.mkdir()
-    for name in ("lib", "stages", "transformer", "tools"):  # tools: the deps tool, run after adding a module
+    for name in ("lib", "stages", "transformer", "tools", "init"):  # tools: the deps tool, run after adding a module
         shutil.copytree(ROOT / name, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("dvc.yaml", ".gitignore", ".dvcignore"):
         shutil.copy(ROOT / name, repo / name)

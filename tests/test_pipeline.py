@@ -1,6 +1,7 @@
 """One real `dvc repro` of the whole pipeline on tiny params, in a temporary git repo, started and explored with
 the README's own commands."""
 
+import csv
 import functools
 import json
 import re
@@ -98,6 +99,7 @@ def test_dvc_repro_end_to_end(tmp_path):
     baseline = functools.reduce(lambda section, part: section[part], key.split("."), TINY_PARAMS)
     check_the_comparison_page(repo, env, tmp_path, name, f"`{key}`: {baseline} -> {value}")
     check_a_study_runs_through_the_queue(repo, env)
+    check_a_run_starts_from_a_trained_model(repo, env)
 
     # An experiment that redraws the report: its figures and loss chart beside the baseline's
     third = sh(DVC, "exp", "run", "-n", "fewer", "-S", "cumsum.evaluate.n_samples=5", cwd=repo, env=env)
@@ -115,6 +117,24 @@ def test_dvc_repro_end_to_end(tmp_path):
     assert [image["revisions"] for image in diff["reports/cumsum/figures/loss.png"]] == [["HEAD"], ["fewer"]]
     assert sorted(losses_rev["rev"] for losses_rev in diff["reports/cumsum/losses.csv"][0]["content"]["data"]["values"]
                   if losses_rev["step"] == "1" and losses_rev["split"] == "train") == ["HEAD", "fewer"]
+
+
+def check_a_run_starts_from_a_trained_model(repo, env):
+    """Fine-tuning through DVC, as init/README.md says: the workspace's trained model copied under init/, then
+    `dvc exp run -S cumsum.train.init_from=init/cumsum`. Its first step's loss is the trained model's, far below
+    the first loss of the run from random weights."""
+    def losses() -> list[float]:
+        with open(repo / "reports/cumsum/train/plots/metrics/train/loss.tsv") as file:
+            return [float(row["loss"]) for row in csv.DictReader(file, delimiter="\t")]
+
+    random = losses()
+    (repo / "init" / "cumsum").mkdir()
+    shutil.copytree(repo / "models/cumsum/tokenizer", repo / "init/cumsum/tokenizer")
+    shutil.copyfile(repo / "models/cumsum/model.pt", repo / "init/cumsum/model.pt")
+    ran = sh(DVC, "exp", "run", "-n", "tuned", "-S", "cumsum.train.init_from=init/cumsum", cwd=repo, env=env)
+    assert "train@cumsum" in stages_run(ran)
+    tuned = losses()
+    assert tuned[0] < random[-1] + (random[0] - random[-1]) / 4
 
 
 # Code that training never runs, and the stage it does belong to (None: no stage, only a user runs it).

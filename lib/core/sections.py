@@ -2,10 +2,21 @@
 evaluate and report for each model family, each checking its own values."""
 
 import dataclasses
+from pathlib import PurePosixPath
 
 from lib.core.config import check_seed
 from lib.core.options import within_schema
 from transformer.config import ModelConfig, choose, require
+
+
+INIT_DIR = "init"  # where a run's starting weights sit: dvc.yaml's train stage depends on the folder
+
+
+def check_init_from(init_from: str | None):
+    require(init_from is None or (isinstance(init_from, str) and PurePosixPath(init_from).parts[:1] == (INIT_DIR,)
+                                  and ".." not in PurePosixPath(init_from).parts), "init_from",
+            f"{init_from!r} is not under {INIT_DIR}/, the folder dvc.yaml's train stage depends on: copy the "
+            f"trained model there (cp -r models/<task> {INIT_DIR}/<name>) and name that")
 
 
 def check_peak(peak_tflops: float | str):
@@ -79,9 +90,12 @@ class TrainConfig:
     # on a GPU the host queues the next steps meanwhile (1: every step). Always before weights are saved
     valid_score: bool = True  # after each epoch, the task's score of the greedy valid outputs (cumsum: exact
     # match; multi30k: BLEU), logged as valid/<score>; false: skip its decoding time
+    init_from: str | None = None  # start from trained weights (fine-tuning): a folder under init/ holding model.pt
+    # and tokenizer/ (a copy of models/<task>) or an export; the same model params and tokenizer. null: random
 
     def __post_init__(self):
         check_seed(self.seed)
+        check_init_from(self.init_from)
         choose(self.device, "device", ("auto", "cpu", "cuda", "mps"))
         choose(self.precision, "precision", PRECISIONS)
         choose(self.too_long, "too_long", ("fail", "skip"))
@@ -127,9 +141,12 @@ class LMTrainConfig:
     fast: bool = True  # true: train with transformer.fast's modules; false: the reference forms
     accumulate: int = 1  # batches of batch_size blocks whose gradients add up to one optimizer step (gradient
     # accumulation): the update of k * batch_size blocks in the memory of batch_size
+    init_from: str | None = None  # start from trained weights (fine-tuning): a folder under init/ holding model.pt
+    # and tokenizer/ (a copy of models/<task>) or an export; the same model params and tokenizer. null: random
 
     def __post_init__(self):
         check_seed(self.seed)
+        check_init_from(self.init_from)
         choose(self.device, "device", ("auto", "cpu", "cuda", "mps"))
         choose(self.precision, "precision", PRECISIONS)
         choose(self.schedule, "schedule", ("cosine", "noam"))

@@ -11,6 +11,7 @@ from torch import nn
 from lib.core import distributed
 from lib.data.pairs import SpecialIds
 from lib.model.device import autocast, open_device, peak_tflops, resolve_precision
+from lib.model.initial import start_from
 from lib.data.tokenizer import Tokenizers, load_tokenizers, special_ids
 from transformer.fast.compile import compile_model
 from transformer.model import build_model, parameter_counts
@@ -48,6 +49,8 @@ def set_up(task: str, cfg, tokenizer_dir, family) -> Trainee:
              "tgt_vocab_size": tokenizers.target.get_vocab_size(), "joint_vocab": tokenizers.joint}
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model, family.name, **vocab, fast=cfg.fast)
+    if cfg.init_from:  # after the random weights, so that dropout and batches draw as a run from scratch does
+        start_from(model, cfg.init_from, family.name, vocab, tokenizers)
     distributed.seed_own_stream(cfg.seed, ctx)
     model.to(device)
     *parts, (_, total) = parameter_counts(model).items()
@@ -55,7 +58,7 @@ def set_up(task: str, cfg, tokenizer_dir, family) -> Trainee:
     # The task (another task's stages refuse the model), and for the report the label smoothing (the least
     # loss it lets training reach) and how often the untrained model predicted the token it was given.
     trained_with = {"task": task, "initial_repeats_input": round(repeats_input(model, ids, family.logits), 4),
-                    **family.recorded(cfg)}
+                    **family.recorded(cfg), **({"init_from": cfg.init_from} if cfg.init_from else {})}
     train_model = distributed.wrap(model, ctx, device)
     if cfg.compile:
         log.info("train.compile: the first step compiles the model (a minute or two on a GPU)")

@@ -37,7 +37,9 @@ def run_identity(task: str, cfg, length_key: str, stop_keys: tuple[str, ...], sc
     ``RUN_KEYS``; and the fingerprint of the inputs and of ``training_code``."""
     config = {k: v for k, v in asdict(cfg).items()
               if (k != length_key or schedule_uses_length) and k not in stop_keys and k not in RUN_KEYS}
-    return {"config": config, "inputs": fingerprint([Path(data_dir), Path(tokenizer_dir), *training_code(task)])}
+    start = [Path(cfg.init_from)] if cfg.init_from else []  # the weights it starts from, when not random
+    return {"config": config, "inputs": fingerprint([Path(data_dir), Path(tokenizer_dir), *start,
+                                                     *training_code(task)])}
 
 
 def mismatch(saved: dict, identity: dict, progress_key: str, length: int) -> str | None:
