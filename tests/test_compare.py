@@ -21,7 +21,7 @@ from lib.core.text import load_params
 from lib.tasks import get_task
 from lib.use import compare, significance
 from lib.use import study
-from lib.use.study import check_rows, load_study, option
+from lib.use.study import check_rows, load_study, option, queue_command
 from tests.conftest import ROOT, TINY_PARAMS, sh
 from tests.test_report_page import CHROMIUM, Visit
 
@@ -96,7 +96,9 @@ def check_a_study_runs_through_the_queue(repo, env):
     the study's columns, each row's params, and each row's test against the first. (Row h2 is the README's
     experiment again: DVC's run cache gives its outputs without training.)"""
     declared = {"description": "heads at one epoch", "task": "cumsum", "set": {"cumsum.train.epochs": 1},
-                "rows": {"h2": {}, "h1": {"cumsum.train.model.n_heads": 1}, "h4": {"cumsum.train.model.n_heads": 4}},
+                # h4 also sets d_head, a key the tiny params leave to its default: queued with DVC's +key=value
+                "rows": {"h2": {}, "h1": {"cumsum.train.model.n_heads": 1},
+                         "h4": {"cumsum.train.model.n_heads": 4, "cumsum.train.model.d_head": 4}},
                 "columns": {"h": "params.train.model.n_heads",
                             "d_k": {"key": "params.train.model.d_model", "per": "params.train.model.n_heads"},
                             "exact match": "metrics.greedy.exact_match", "steps": "metrics.steps",
@@ -106,6 +108,7 @@ def check_a_study_runs_through_the_queue(repo, env):
     queued = python("-m", "lib.use.study", "studies/heads.yaml", "--run", cwd=repo, env=env)
     assert queued.returncode == 0, queued.stdout + queued.stderr
     assert "dvc exp run --queue -n heads-h1 -S cumsum.train.epochs=1 -S cumsum.train.model.n_heads=1" in queued.stdout
+    assert "-S cumsum.train.model.n_heads=4 -S +cumsum.train.model.d_head=4" in queued.stdout
     compare.main(["--study", str(repo / "studies/heads.yaml"), "--repo", str(repo), "--out",
                   str(repo / "reports/study")])
     lines = [line for line in (repo / "reports/study/index.md").read_text().splitlines() if line.startswith("| ")]
@@ -126,6 +129,14 @@ def test_a_study_row_with_a_misspelt_key_is_named_before_anything_is_queued(tmp_
     with pytest.raises(SystemExit, match=r"rows\.bad"):
         study.main([str(path), "--params", str(ROOT / "params.yaml")])
     assert "dvc exp run" not in capsys.readouterr().out
+
+
+def test_a_key_params_yaml_leaves_to_its_default_is_queued_with_a_plus():
+    """Table 3's rows B set model.d_head, which params.yaml leaves out (null): DVC's -S changes only a key that
+    is there, so the row is queued with +key=value; a key that is there keeps -S key=value."""
+    study = load_study(ROOT / "studies" / "table3_multi30k.yaml")
+    command = queue_command(study, "B-dk16", load_params(ROOT / "params.yaml"))
+    assert "+multi30k.train.model.d_head=16" in command and "multi30k.train.cooldown=0.2" in command
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "studies").glob("*.yaml")), ids=lambda path: path.stem)

@@ -179,8 +179,21 @@ def option(key: str, value) -> str:
     return f"{key}={value if isinstance(value, str) else json.dumps(value)}"
 
 
-def queue_command(study: Study, row: str) -> list[str]:
-    sets = [arg for key, value in study.overrides(row).items() for arg in ("-S", option(key, value))]
+def written(params: dict, key: str) -> bool:
+    """Whether params.yaml spells out the dotted ``key`` (a param left to its default, as model.d_head, is not)."""
+    section = params
+    for part in key.split("."):
+        if not isinstance(section, dict) or part not in section:
+            return False
+        section = section[part]
+    return True
+
+
+def queue_command(study: Study, row: str, params: dict) -> list[str]:
+    """The row's `dvc exp run --queue`: -S key=value for each override, +key=value for a key params.yaml leaves
+    to its default (DVC's -S, Hydra's syntax, changes only a key that is there, and adds one given +)."""
+    sets = [arg for key, value in study.overrides(row).items()
+            for arg in ("-S", ("" if written(params, key) else "+") + option(key, value))]
     return ["dvc", "exp", "run", "--queue", "-n", study.experiment(row), *sets]
 
 
@@ -201,14 +214,15 @@ def main(argv=None):
             if not equals:
                 raise ConfigError(f"--set {given}: expected KEY=VALUE")
             study = dataclasses.replace(study, set={**study.set, key: parse_yaml(value, f"--set {given}")})
-        check_rows(study, load_params(args.params))
+        params = load_params(args.params)
+        check_rows(study, params)
         rows = args.rows or list(study.rows)
         if unknown := [row for row in rows if row not in study.rows]:
             raise ConfigError(f"--rows: {', '.join(unknown)}: not a row of {args.study} ({', '.join(study.rows)})")
     except ConfigError as error:
         sys.exit(f"error: {error}")
     for row in rows:
-        command = queue_command(study, row)
+        command = queue_command(study, row, params)
         print(" ".join(command), flush=True)
         if subprocess.run(command).returncode:
             sys.exit(f"error: queueing row {row} failed (above); the rows before it are queued (`dvc queue status`)")
