@@ -114,6 +114,10 @@ def check_a_study_runs_through_the_queue(repo, env):
     lines = [line for line in (repo / "reports/study/index.md").read_text().splitlines() if line.startswith("| ")]
     header = [cell.strip() for cell in lines[0].strip("|").split("|")]
     assert header == ["row", "h", "d\\_k", "exact match", "steps", "params (K)", "greedy.exact\\_match vs h2", "p"]
+    page = (repo / "reports/study/index.md").read_text()
+    assert "every row also sets `cumsum.train.epochs`: 1" in page
+    assert "- h2: none\n- h1: `cumsum.train.model.n_heads`: 1\n" in page
+    assert "- h4: `cumsum.train.model.n_heads`: 4, `cumsum.train.model.d_head`: 4\n" in page
     rows = table_rows("\n".join(lines[1:]))
     assert [rows[row][1:3] for row in ("h2", "h1", "h4")] == [["2", "8"], ["1", "16"], ["4", "4"]]
     assert rows["h2"][-1] == "" and 0 < float(rows["h1"][-1].split()[0]) <= 1

@@ -207,6 +207,15 @@ def compare_lines(runs: list[Run], figures: Path) -> list[str]:
     return lines
 
 
+def row_lines(study: Study) -> list[str]:
+    """What each row changes: its own overrides, beside those the study's ``set`` gives every row."""
+    def settings(overrides: dict) -> str:
+        return ", ".join(f"`{key}`: {setting(value)}" for key, value in overrides.items()) or "none"
+
+    return [f"Each row's own params (every row also sets {settings(study.set)}):", "",
+            *[f"- {literal(row)}: {settings(own)}" for row, own in study.rows.items()], ""]
+
+
 def study_lines(study: Study, root: Path, figures: Path) -> list[str]:
     """The study as a table: one row a run, the study's columns, and each row's test against the first row.
     Rows not run yet are named below it; the first row must have run."""
@@ -237,6 +246,7 @@ def study_lines(study: Study, root: Path, figures: Path) -> list[str]:
     if key:
         lines += [f"Each row's `{key}` against row `{base_row}`: the difference with its 95% interval and p, by paired "
                   "bootstrap resampling over the test sentences; **(real)**: p < 0.05.", ""]
+    lines += row_lines(study)
     if missing := [row for row in study.rows if row not in found]:
         lines += [f"Not run yet: {', '.join(missing)} (`dvc queue status`; `python -m lib.use.study <file> --rows "
                   f"{','.join(missing)}` queues them).", ""]
