@@ -55,6 +55,8 @@ def check_the_comparison_page(repo, env, tmp_path, name: str, change: str):
     assert float(exact[2]) == pytest.approx(ran["greedy"]["exact_match"], abs=1e-4)
     assert 0 < float(exact[5].split()[0]) <= 1 and exact[4].startswith("\\[")  # a p-value and an interval
     assert 0 < float(metrics["loss"][5].split()[0]) <= 1  # the test loss, tested over sentences too
+    speed = pd.read_csv(repo / "reports/cumsum/train/plots/metrics/train/tokens_per_s.tsv", sep="\t")
+    assert float(metrics["tokens\\_per\\_s"][2]) == pytest.approx(speed["tokens_per_s"].median(), rel=1e-3)
     for figure in ("cumsum-loss.png", "cumsum-exact_match-by-epoch.png", "cumsum-exact_match-by-minutes.png"):
         assert f"](figures/{figure})" in text and (repo / "reports/compare/figures" / figure).is_file()
     assert 'href="compare/index.html"' in (repo / "reports/index.html").read_text()  # the index links it

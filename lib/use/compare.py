@@ -37,7 +37,8 @@ from lib.use.study import Study, load_study
 
 WRITES = ("index.md", "index.html", "figures")  # what the command writes in --out: anything else is refused
 # train/metrics.json's facts, by the names the page (and a study's metrics.<name>) gives them
-TRAINING = {"minutes": "minutes", "epoch": "epochs", "step": "steps", "train.tokens_per_s": "tokens_per_s"}
+TRAINING = {"minutes": "minutes", "epoch": "epochs", "step": "steps"}
+SPEED = "train/plots/metrics/train/tokens_per_s.tsv"  # dvclive's curve: its median, as the report gives it
 EXTRA = ("loss", "valid_loss", "valid_perplexity", "parameters")  # metrics.json's, shown beside the headline
 N_DIFFERING = 10  # test sentences shown, those whose score moved most
 
@@ -76,6 +77,8 @@ def built(run: Run, task: str) -> Built | None:
     flat = flatten(metrics)
     train = optional(lambda: flatten(run.json(f"reports/{task}/train/metrics.json")), notes) or {}
     flat.update({name: train[key] for key, name in TRAINING.items() if key in train})
+    if (speed := optional(lambda: run.csv(f"reports/{task}/{SPEED}", sep="\t"), [])) is not None:
+        flat["tokens_per_s"] = float(speed.iloc[:, -1].median())  # the last step's rate alone is noise
     return Built(run, flat, optional(lambda: run.csv(f"reports/{task}/losses.csv"), notes),
                  optional(lambda: run.csv(f"reports/{task}/valid_score.csv"), notes),
                  optional(lambda: run.samples(task), notes), notes)
@@ -85,7 +88,7 @@ def shown_metrics(task: str, metrics: dict) -> list[str]:
     """The metric keys the page shows for ``task``: its headline, the losses and size, then the training's."""
     keys = list(headline(get_task(task).headline, metrics))
     keys += [key for key in EXTRA if key in metrics and key not in keys]
-    return keys + [name for name in TRAINING.values() if name in metrics]
+    return keys + [name for name in (*TRAINING.values(), "tokens_per_s") if name in metrics]
 
 
 def setting(value) -> str:

@@ -83,10 +83,11 @@ class Run:
             return file.read_bytes()
         import dvc.api  # DVC's repository machinery: loaded only for a revision
         from dvc.exceptions import PathMissingError
+        from dvc_data.index import DataIndexDirError
 
         try:
             return dvc.api.read(path, repo=str(self.root), rev=self.rev, mode="rb")
-        except PathMissingError:
+        except (PathMissingError, DataIndexDirError):  # the file, or the output directory holding it, not cached
             if self.tracks(path):
                 raise NotInCache(
                     f"{self.name}: {path} is not in the local cache. Bring it back with `dvc exp pull <remote> "
@@ -106,8 +107,8 @@ class Run:
     def json(self, path: str) -> dict:
         return json.loads(self.read(path))
 
-    def csv(self, path: str) -> pd.DataFrame:
-        return pd.read_csv(io.BytesIO(self.read(path)))
+    def csv(self, path: str, sep: str = ",") -> pd.DataFrame:
+        return pd.read_csv(io.BytesIO(self.read(path)), sep=sep)
 
     @cached_property
     def params(self) -> dict:
