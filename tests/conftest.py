@@ -30,16 +30,6 @@ from lib.core.imports import module_files  # noqa: E402 - after sys.path holds t
 from transformer.config import ModelConfig  # noqa: E402 - after sys.path holds the repository
 
 
-def pytest_collection_modifyitems(items):
-    """Slow tests first, and first of them one marked slow(first=True): under xdist a long test that starts
-    late runs on alone after the other worker has finished."""
-    def order(item):
-        slow = item.get_closest_marker("slow")
-        return slow is None, not (slow is not None and slow.kwargs.get("first"))
-
-    items.sort(key=order)
-
-
 def run_tree(command: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess:
     """subprocess.run(command, capture_output=True, text=True), except that a time-out kills what the command
     started too (torchrun's workers, a script's python): subprocess.run kills the command alone, and its

@@ -50,7 +50,7 @@ def in_the_venv(command: str, repo, shell: dict) -> str:
     return sh("bash", "-c", f"{readme_command('source .venv/bin/activate')} && {command}", cwd=repo, env=shell)
 
 
-@pytest.mark.slow(first=True)  # the suite's longest test: started first, it ends with the rest
+@pytest.mark.slow
 def test_dvc_repro_end_to_end(tmp_path):
     repo, env, loaded = dvc_repo(tmp_path, TINY_PARAMS)
     shell = new_users_shell(repo, env, tmp_path)
