@@ -18,6 +18,7 @@ from ctranslate2.specs import common_spec, transformer_spec
 
 from lib.core.files import atomic_dir
 from lib.use.families import USES
+from lib.use.paper_block import beyond_the_paper
 from lib.data.tokenizer import BOS, EOS, PAD, UNK, special_ids
 from lib.evaluate.options import GENERATION_FILE
 from lib.model import checkpoint
@@ -30,19 +31,7 @@ WRITES = ("model.bin", "config.json", "*vocabulary.json", "*vocabulary.txt", OPT
 def unsupported(family: str, cfg, alpha: float) -> list[str]:
     """What of the model and its decoding CTranslate2 cannot run as we do, each naming its param."""
     reasons = [refused] if (refused := USES[family].ctranslate2) else []
-    if cfg.positional in ("rope", "alibi"):
-        reasons.append(f"model.positional {cfg.positional}: CTranslate2's Transformer has no {cfg.positional} in "
-                       "cross attention (sinusoidal and learned positions convert)")
-    if cfg.n_kv_heads and cfg.n_kv_heads != cfg.n_heads:
-        reasons.append(f"model.n_kv_heads {cfg.n_kv_heads}: grouped-query attention is not in CTranslate2's "
-                       "seq2seq Transformer")
-    if cfg.d_head and cfg.d_head * cfg.n_heads != cfg.d_model:
-        reasons.append(f"model.d_head {cfg.d_head}: CTranslate2's Transformer takes heads of width d_model / n_heads "
-                       f"({cfg.d_model} / {cfg.n_heads})")
-    if cfg.norm != "layernorm":
-        reasons.append(f"model.norm {cfg.norm}: not in CTranslate2's seq2seq Transformer as this export builds it")
-    if cfg.activation == "swiglu":
-        reasons.append("model.activation swiglu: not in CTranslate2's seq2seq Transformer as this export builds it")
+    reasons += beyond_the_paper(cfg, "CTranslate2's seq2seq Transformer")
     if alpha:
         reasons.append(f"evaluate.alpha {alpha}: CTranslate2 has no GNMT length penalty ((5 + |Y|) / 6) ** alpha "
                        "(its length_penalty divides by |Y| ** a); export with --alpha 0 to decode without one")

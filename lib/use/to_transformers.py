@@ -25,6 +25,7 @@ from lib.core.files import atomic_dir
 from lib.data.tokenizer import BOS, EOS, PAD, UNK, special_ids
 from lib.evaluate.options import GENERATION_FILE
 from lib.model import checkpoint
+from lib.use.paper_block import beyond_the_paper
 
 # What save_pretrained writes for the model and the tokenizer, and the card: a folder holding anything else
 # is refused, not replaced
@@ -35,20 +36,7 @@ WRITES = ("config.json", "generation_config.json", "model.safetensors", "tokeniz
 def unsupported(family, cfg, joint_vocab: bool) -> list[str]:
     """What of the model its `transformers` architecture (``family.transformers``: Marian for seq2seq, GPT-2 for
     the LM) cannot compute as ours does, each naming its param: what neither has, then the family's own."""
-    target = family.transformers
-    reasons = []
-    if cfg.positional in ("rope", "alibi"):
-        reasons.append(f"model.positional {cfg.positional}: {target} adds its positions to the embeddings")
-    if cfg.n_kv_heads and cfg.n_kv_heads != cfg.n_heads:
-        reasons.append(f"model.n_kv_heads {cfg.n_kv_heads}: {target} has no grouped-query attention")
-    if cfg.d_head and cfg.d_head * cfg.n_heads != cfg.d_model:
-        reasons.append(f"model.d_head {cfg.d_head}: {target}'s heads are d_model / n_heads wide "
-                       f"({cfg.d_model} / {cfg.n_heads})")
-    if cfg.norm != "layernorm":
-        reasons.append(f"model.norm {cfg.norm}: {target} normalises with LayerNorm")
-    if cfg.activation == "swiglu":
-        reasons.append(f"model.activation swiglu: {target}'s feed-forward has no gated unit")
-    return reasons + family.transformers_refusals(cfg, joint_vocab)
+    return beyond_the_paper(cfg, family.transformers) + family.transformers_refusals(cfg, joint_vocab)
 
 
 def halves(d_model: int) -> torch.Tensor:
